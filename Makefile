@@ -1,0 +1,48 @@
+# streakline: the two commands are `make demo` and `make test`; `make help` lists the rest.
+# Every target that runs code depends on `setup`, which builds .venv once and then only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU build of torch is installed first and pinned, so that resolving the other dependencies never pulls a
+# multi-GB CUDA wheel onto a CPU-only machine. On a GPU cluster, preinstall your own torch and set TORCH_SPEC=.
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.streakline-installed
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test lint format bench clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(STAMP) ## create .venv and install streakline editable (fast when nothing changed)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || { test -z "$(TORCH_SPEC)" || $(PIP) install -q "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored" || true; }
+	@$(PY) -c "import torch" || { echo "torch did not install; set TORCH_SPEC to a torch you can install"; exit 1; }
+	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v "is ignored" || true
+	@$(PY) -c "import streakline, deepspeed, transformers, hydra, ray" 2>/dev/null || { echo "setup failed: see pip's output above"; exit 1; }
+	@touch $(STAMP)
+
+demo: setup ## run the tiny world end to end (no downloads)
+	$(PY) launch.py stage=doctor model=tiny
+
+test: setup ## run the test suite on CPU
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup ## ruff check and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: setup ## run the benchmarks in bench/ (ratios side by side; not tests)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean: ## remove the virtual environment and caches (keeps runs/)
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,27 @@
+"""The model layer: one transformer core, its KV cache, Hugging Face checkpoint import/export, tokenizers.
+
+    from streakline.models import Transformer, TransformerConfig, KVCache, load_pretrained, save_pretrained
+
+Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoint preset into a model.
+"""
+
+from .builder import build, locate
+from .checkpoint import CheckpointError, load_pretrained, read_config, save_pretrained, weight_names
+from .config import ATTENTION_MODES, FAMILIES, TransformerConfig
+from .kv_cache import KVCache
+from .transformer import Transformer
+
+__all__ = [
+    "ATTENTION_MODES",
+    "FAMILIES",
+    "CheckpointError",
+    "KVCache",
+    "Transformer",
+    "TransformerConfig",
+    "build",
+    "locate",
+    "load_pretrained",
+    "read_config",
+    "save_pretrained",
+    "weight_names",
+]

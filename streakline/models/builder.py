@@ -1,0 +1,105 @@
+"""From a checkpoint preset (``model.verifier``, ``model.drafter``, ``model.target``) to a model: an explicit builder (``models.build``).
+
+A preset names where the weights live and how the model behaves (see ``conf/checkpoint/``). ``locate`` finds the
+folder: ``path`` if set, else ``hub_id`` in the local Hugging Face cache (nothing is downloaded: the error says
+how to fetch it), else ``None`` for a tiny preset that carries an ``arch`` block and is built from scratch.
+``build`` returns the ``Transformer`` with the preset's attention mode, shift and block size applied.
+
+    model = build(cfg.model.drafter, role="drafter", dtype=torch.bfloat16, device="cuda")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import CheckpointError, load_pretrained
+from .config import TransformerConfig
+from .transformer import Transformer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _get(preset: Any, key: str, default=None):
+    return getattr(preset, key, default) if not isinstance(preset, dict) else preset.get(key, default)
+
+
+def locate(preset: Any, role: str = "verifier") -> Path | None:
+    """Folder holding the preset's weights, or None for a from-scratch (tiny) preset."""
+    path, hub_id, arch = _get(preset, "path"), _get(preset, "hub_id"), _get(preset, "arch")
+    if path:
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(
+                f"model.{role}.path={path} is not a checkpoint folder (no config.json there); "
+                "point it at a folder written by save_pretrained or a stage of this pipeline"
+            )
+        return folder.absolute()
+    if hub_id:
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(hub_id, local_files_only=True))
+        except Exception as e:  # the hub client raises several types for "not cached"
+            raise CheckpointError(
+                f"{hub_id} (model.{role}) is not in the local Hugging Face cache and streakline never downloads at "
+                f"run time: fetch it first with `huggingface-cli download {hub_id}`, or set model.{role}.path"
+            ) from e
+    if arch:
+        return None
+    raise CheckpointError(f"model.{role} names no path, hub_id or arch: set model.{role}.path to a checkpoint folder")
+
+
+def arch_config(preset: Any) -> TransformerConfig:
+    """TransformerConfig of a from-scratch preset: its ``arch`` block plus its behaviour keys."""
+    arch = _get(preset, "arch")
+    fields = {k: _get(arch, k) for k in _ARCH_KEYS if _get(arch, k) is not None}
+    return TransformerConfig(**fields, **_behaviour(preset))
+
+
+_ARCH_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "rope_theta",
+    "rms_norm_eps",
+    "qkv_bias",
+    "qk_norm",
+    "tie_embeddings",
+    "max_position_embeddings",
+)
+
+
+def _behaviour(preset: Any) -> dict:
+    out = {"attention": _get(preset, "attention", "causal"), "shift": bool(_get(preset, "shift", False))}
+    if _get(preset, "block_size"):
+        out["block_size"] = _get(preset, "block_size")
+    family = _get(preset, "family")
+    if family and family != "auto":
+        out["family"] = family
+    return out
+
+
+def build(
+    preset: Any,
+    role: str = "verifier",
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Transformer:
+    """The model a preset describes: loaded from its folder, or freshly initialised (seeded) when it is tiny."""
+    if isinstance(dtype, str) or dtype is None:
+        dtype = DTYPES[dtype or _get(preset, "dtype", "float32")]
+    folder = locate(preset, role)
+    if folder is None:
+        return Transformer(arch_config(preset)).init_weights(seed=seed).to(device=device, dtype=dtype)
+    behaviour = _behaviour(preset)
+    family = behaviour.pop("family", None)
+    return load_pretrained(folder, family=family, dtype=dtype, device=device, **behaviour)

@@ -1,0 +1,346 @@
+"""Hugging Face checkpoint import and export, through explicit weight-name tables.
+
+Reads a folder holding ``config.json`` and ``model.safetensors`` (or a sharded ``model.safetensors.index.json``,
+or, as a last resort, ``pytorch_model.bin`` loaded with ``weights_only=True``) written by ``transformers`` or by
+the original authors, for the families:
+
+    family  config model_type  weights     attention (default)  shift
+    llama   llama              Llama       causal               no     (DiffuLLaMA: llama weights, preset says full+shift)
+    qwen2   qwen2              Qwen2       causal               no
+    qwen3   qwen3              Qwen3       causal               no
+    dream   Dream              Qwen2       full                 yes    (Dream-7B, DiffuCoder-7B)
+    sdar    sdar               Qwen3       block_causal         no     (SDAR-*-b32)
+
+and writes the same layout back. ``trust_remote_code`` is never needed: Dream and SDAR are read from their weights
+and ``config.json`` only. ``save_pretrained(..., as_family="qwen2")`` writes a Dream model as a plain
+``Qwen2ForCausalLM`` folder so ``transformers`` can load its weights (the caller supplies the attention mask).
+Behaviour that ``config.json`` does not hold (attention mode, shift, block size, mask id) is kept in a
+``"streakline"`` block of ``config.json`` and read back from it.
+
+    model = load_pretrained("/ckpt/qwen2.5-14b", dtype=torch.bfloat16)
+    save_pretrained(model, "runs/export/verifier")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import TransformerConfig
+from .transformer import Transformer
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder that cannot be read or written as asked; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    model_type: str
+    architecture: str
+    weights: str  # which weight-name table: "llama", "qwen2" or "qwen3"
+    attention: str
+    shift: bool
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "llama": FamilySpec("llama", "LlamaForCausalLM", "llama", "causal", False),
+    "qwen2": FamilySpec("qwen2", "Qwen2ForCausalLM", "qwen2", "causal", False),
+    "qwen3": FamilySpec("qwen3", "Qwen3ForCausalLM", "qwen3", "causal", False),
+    "dream": FamilySpec("Dream", "DreamModel", "qwen2", "full", True),
+    "sdar": FamilySpec("sdar", "SDARForCausalLM", "qwen3", "block_causal", False),
+}
+_MODEL_TYPES = {spec.model_type.lower(): name for name, spec in FAMILIES.items()}
+
+# Our parameter name -> Hugging Face name, per layer. Which optional rows apply depends on the weight table.
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+_BIAS_NAMES = {
+    "attn.q_proj.bias": "self_attn.q_proj.bias",
+    "attn.k_proj.bias": "self_attn.k_proj.bias",
+    "attn.v_proj.bias": "self_attn.v_proj.bias",
+}
+_QK_NORM_NAMES = {"attn.q_norm.weight": "self_attn.q_norm.weight", "attn.k_norm.weight": "self_attn.k_norm.weight"}
+# What each weight table implies about the optional parts (Llama/Qwen3 put a bias on o_proj too when
+# attention_bias is set, which this core does not model, so they must come without).
+_TABLE_PARTS = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
+
+
+def weight_names(cfg: TransformerConfig, family: str | None = None) -> dict[str, str]:
+    """Explicit map from this project's parameter names to the Hugging Face names for ``family``."""
+    spec = _spec(family or cfg.family)
+    bias, qk_norm = _TABLE_PARTS[spec.weights]
+    if (cfg.qkv_bias, cfg.qk_norm) != (bias, qk_norm):
+        raise CheckpointError(
+            f"a {family or cfg.family} checkpoint has qkv_bias={bias}, qk_norm={qk_norm}, but this model has "
+            f"qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}; export it as a family whose layout matches"
+        )
+    per_layer = dict(_LAYER_NAMES)
+    if bias:
+        per_layer.update(_BIAS_NAMES)
+    if qk_norm:
+        per_layer.update(_QK_NORM_NAMES)
+    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+    for i in range(cfg.num_layers):
+        for ours, theirs in per_layer.items():
+            names[f"layers.{i}.{ours}"] = f"model.layers.{i}.{theirs}"
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"
+    return names
+
+
+def _spec(family: str) -> FamilySpec:
+    if family == "llada":
+        raise CheckpointError(
+            "reading LLaDA weights (model.transformer.blocks.* names) is not implemented yet; "
+            "use an SDAR target (model.target=sdar-8b-b32) or convert the checkpoint to the Llama layout"
+        )
+    if family not in FAMILIES:
+        raise CheckpointError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def read_config(folder: str | os.PathLike, family: str | None = None) -> TransformerConfig:
+    """TransformerConfig from a checkpoint folder's ``config.json``; ``family`` overrides its model_type."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"no config.json in {folder}: point model.<role>.path at a checkpoint folder")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is damaged, copy it again") from e
+    if family is None or family == "auto":
+        model_type = str(raw.get("model_type", "")).lower()
+        if model_type not in _MODEL_TYPES and model_type != "llada":
+            raise CheckpointError(
+                f"{path}: model_type {raw.get('model_type')!r} is not a supported family "
+                f"({', '.join(sorted(_MODEL_TYPES))}); set model.<role>.family if it is one of them under another name"
+            )
+        family = _MODEL_TYPES.get(model_type, "llada")
+    spec = _spec(family)
+    ours = raw.get("streakline", {})
+    rope = raw.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in (None, "default"):
+        raise CheckpointError(f"{path}: rope scaling {rope_type!r} is not supported; only plain RoPE is")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (SwiGLU with silu only)")
+    if raw.get("use_sliding_window"):
+        raise CheckpointError(f"{path}: sliding-window attention is not supported")
+    theta = raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    bias, qk_norm = _TABLE_PARTS[spec.weights]
+    if spec.weights != "qwen2" and raw.get("attention_bias"):
+        raise CheckpointError(f"{path}: attention_bias=true (bias on o_proj) is not supported for {family}")
+
+    def first(x):
+        return x[0] if isinstance(x, list) and x else x
+
+    return TransformerConfig(
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=raw["num_attention_heads"],
+        num_kv_heads=raw.get("num_key_value_heads") or raw["num_attention_heads"],
+        head_dim=raw.get("head_dim"),
+        rope_theta=float(theta),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        qkv_bias=bias,
+        qk_norm=qk_norm,
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        attention=ours.get("attention", spec.attention),
+        block_size=ours.get("block_size", raw.get("block_size")),
+        shift=ours.get("shift", spec.shift),
+        family=family,
+        mask_token_id=ours.get("mask_token_id", raw.get("mask_token_id")),
+        bos_token_id=first(raw.get("bos_token_id")),
+        eos_token_id=first(raw.get("eos_token_id")),
+        pad_token_id=first(raw.get("pad_token_id")),
+    )
+
+
+def load_state(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint folder (single file, sharded index, or a weights-only torch file)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(single)
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            if not (folder / shard).is_file():
+                raise CheckpointError(f"{index} lists {shard}, which is missing: the download is incomplete")
+            state.update(load_file(folder / shard))
+        return state
+    legacy = folder / "pytorch_model.bin"
+    if legacy.is_file():
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    raise CheckpointError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {folder}")
+
+
+def load_pretrained(
+    folder: str | os.PathLike,
+    *,
+    family: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    **behaviour,
+) -> Transformer:
+    """Build a Transformer from a checkpoint folder.
+
+    behaviour: overrides of TransformerConfig fields that describe use rather than weights (attention, shift,
+    block_size, mask_token_id, ...), e.g. from a checkpoint preset.
+    """
+    cfg = read_config(folder, family)
+    for key, value in behaviour.items():
+        if value is not None:
+            setattr(cfg, key, value)
+    cfg = TransformerConfig.from_dict(cfg.to_dict())  # re-validate after overrides
+    names = weight_names(cfg)
+    state = load_state(folder)
+    missing = [theirs for theirs in names.values() if theirs not in state]
+    if missing:
+        raise CheckpointError(
+            f"{folder} lacks {len(missing)} expected tensors (first: {missing[:3]}); is family {cfg.family!r} right?"
+        )
+    # Tied checkpoints may still carry lm_head.weight, and old torch files carry rotary inv_freq buffers.
+    extra = {k for k in set(state) - set(names.values()) - {"lm_head.weight"} if not k.endswith("rotary_emb.inv_freq")}
+    if extra:
+        raise CheckpointError(f"{folder} has tensors this {cfg.family} layout does not use: {sorted(extra)[:5]}")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    ours = {o: state[t].to(dtype) if dtype else state[t] for o, t in names.items()}
+    model.load_state_dict(ours, assign=True, strict=True)
+    return model.to(device)
+
+
+def hf_config(cfg: TransformerConfig, family: str, dtype: torch.dtype) -> dict:
+    """The ``config.json`` a ``family`` checkpoint of these shapes carries."""
+    spec = _spec(family)
+    raw = {
+        "architectures": [spec.architecture],
+        "model_type": spec.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+    }
+    if spec.weights == "llama":
+        raw["mlp_bias"] = False
+    if spec.weights == "qwen2":
+        raw["use_sliding_window"] = False
+    if cfg.mask_token_id is not None:
+        raw["mask_token_id"] = cfg.mask_token_id
+    raw["streakline"] = {
+        "family": cfg.family,
+        "attention": cfg.attention,
+        "shift": cfg.shift,
+        "block_size": cfg.block_size,
+        "mask_token_id": cfg.mask_token_id,
+    }
+    return raw
+
+
+def save_pretrained(
+    model: Transformer,
+    folder: str | os.PathLike,
+    *,
+    as_family: str | None = None,
+    max_shard_bytes: int | None = None,
+    tokenizer=None,
+) -> Path:
+    """Write ``model`` as a Hugging Face checkpoint folder, atomically (a half-written export never replaces a
+    good one). ``as_family`` writes another family's layout with the same weights (e.g. dream -> qwen2);
+    ``max_shard_bytes`` splits the weights into shards with an index; ``tokenizer`` is saved beside them."""
+    from safetensors.torch import save_file
+
+    cfg = model.config
+    family = as_family or cfg.family
+    names = weight_names(cfg, family)
+    params = dict(model.state_dict())
+    state = {theirs: params[ours].detach().contiguous().cpu() for ours, theirs in names.items()}
+    dtype = next(iter(state.values())).dtype
+
+    folder = Path(folder).absolute()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, family, dtype), indent=2) + "\n")
+        if max_shard_bytes is None:
+            save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        else:
+            _save_sharded(state, tmp, max_shard_bytes, save_file)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _swap_into_place(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def _save_sharded(state: dict[str, torch.Tensor], folder: Path, max_bytes: int, save_file) -> None:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in state.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, folder / fname, metadata={"format": "pt"})
+        for name, t in shard.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _swap_into_place(tmp: Path, folder: Path) -> None:
+    """Replace ``folder`` by ``tmp``; the old folder is removed only once the new one is in place."""
+    if not folder.exists():
+        os.replace(tmp, folder)
+        return
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,139 @@
+"""Preallocated key/value cache shared by every decoder in ``streakline.decoding``.
+
+One tensor per direction holds all layers, ``[layers, batch, kv_heads, capacity, head_dim]``, so appending a step
+is a slice write (no ``torch.cat`` per token) and keeping an accepted tree path is one gather over all layers.
+Each slot also records the token's position id and whether it is real (``valid``), because after a tree
+verification rows of a batch keep different numbers of tokens: the unused slots stay in place but are masked out.
+
+Lifecycle of one forward (driven by ``Transformer.forward``):
+    cache.begin(positions, valid)      # reserve slots [length, length + T)
+    k, v = cache.update(layer, k, v)   # per layer: write the new slots, read everything so far
+    cache.commit()                     # length += T
+
+Between forwards the decoder may ``crop(n)`` (drop rejected draft tokens) or ``gather(index, start)``
+(keep the accepted path of a draft tree).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int = 256,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.pos = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.length = 0
+        # Python-side flag so the hot decode path can skip building a mask without a device sync.
+        self.all_valid = True
+        self._pending = 0
+
+    @classmethod
+    def for_model(cls, model, batch_size: int, capacity: int = 256) -> KVCache:
+        cfg = model.config
+        p = next(model.parameters())
+        return cls(cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, capacity, p.dtype, p.device)
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    def next_positions(self) -> torch.Tensor:
+        """``[B]`` position id the next token of each row gets: one past its last valid slot (0 when empty)."""
+        if self.length == 0:
+            return torch.zeros(self.batch_size, dtype=torch.long, device=self.pos.device)
+        pos = self.pos[:, : self.length].masked_fill(~self.valid[:, : self.length], -1)
+        return pos.max(dim=1).values + 1
+
+    def _grow(self, needed: int) -> None:
+        cap = self.capacity
+        while cap < needed:
+            cap *= 2
+        if cap == self.capacity:
+            return
+        L, B, H, _, D = self.k.shape
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros((L, B, H, cap, D))
+            new[:, :, :, : self.length] = old[:, :, :, : self.length]
+            setattr(self, name, new)
+        for name in ("pos", "valid"):
+            old = getattr(self, name)
+            new = old.new_zeros((B, cap))
+            new[:, : self.length] = old[:, : self.length]
+            setattr(self, name, new)
+
+    def begin(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Reserve ``T`` slots for the tokens of the coming forward. positions, valid: ``[B, T]``."""
+        T = positions.shape[1]
+        end = self.length + T
+        if end > self.capacity:
+            self._grow(end)
+        self.pos[:, self.length : end] = positions
+        if valid is None:
+            self.valid[:, self.length : end] = True
+        else:
+            self.valid[:, self.length : end] = valid
+            self.all_valid = False
+        self._pending = T
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's ``k, v`` (``[B, Hkv, T, D]``) for one layer; return all keys/values so far."""
+        end = self.length + self._pending
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def commit(self) -> None:
+        self.length += self._pending
+        self._pending = 0
+
+    def crop(self, length: int) -> None:
+        """Forget every slot from ``length`` on (e.g. rejected draft tokens)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.valid[:, length : self.length] = False
+        self.length = length
+
+    def gather(self, index: torch.Tensor, start: int, keep: torch.Tensor | None = None) -> None:
+        """Keep, per row, the slots ``index[b]`` (absolute slot ids ``>= start``) at ``start .. start+n``.
+
+        index: ``[B, n]`` long; keep: optional ``[B, n]`` bool, False for entries a row does not keep (its slot is
+        written but masked out, so rows that accepted fewer tokens stay aligned with the others).
+        Everything past ``start + n`` is dropped. Used to commit the accepted path of a verified draft tree.
+        """
+        B, n = index.shape
+        if B != self.batch_size:
+            raise ValueError(f"index has {B} rows, cache has {self.batch_size}")
+        if n and (int(index.min()) < start or int(index.max()) >= self.length):
+            raise ValueError(f"gather indices must lie in [{start}, {self.length})")
+        L, _, H, _, D = self.k.shape
+        idx = index.to(self.k.device)
+        kv_idx = idx[None, :, None, :, None].expand(L, B, H, n, D)
+        for name in ("k", "v"):
+            t = getattr(self, name)
+            t[:, :, :, start : start + n] = torch.gather(t, 3, kv_idx)
+        self.pos[:, start : start + n] = torch.gather(self.pos, 1, idx)
+        valid = torch.gather(self.valid, 1, idx)
+        if keep is not None:
+            valid = valid & keep.to(valid.device)
+            self.all_valid = False
+        self.valid[:, start : start + n] = valid
+        self.valid[:, start + n : self.length] = False
+        self.length = start + n

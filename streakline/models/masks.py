@@ -1,0 +1,103 @@
+"""Attention masks for the four attention modes and for explicit (tree) masks.
+
+Every mode is a rule over *position ids*, not over indices, so the same rule serves a fresh prefill, a cached
+decode step, a left-padded batch and a cache whose rows kept different numbers of tokens after a tree gather:
+
+    causal         key visible iff  k_pos <= q_pos
+    full           every key visible
+    prefix_causal  a prefix query (q_pos < P) sees k_pos <= q_pos; a window query (q_pos >= P) sees every key
+    block_causal   key visible iff  k_pos // L <= q_pos // L   (bidirectional in a block, causal across blocks)
+    explicit       a caller-built boolean mask (draft trees, packed training windows)
+
+Padding and masked-out cache slots are never visible. Each query always sees itself, so a row made only of
+padding yields finite (ignored) values instead of NaN.
+
+``build_mask`` returns ``(mask, is_causal)`` for ``torch.nn.functional.scaled_dot_product_attention``; it returns
+``(None, ...)`` on the common fast paths so the hot decode loop builds nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+
+
+def default_positions(valid: torch.Tensor | None, B: int, T: int, start: torch.Tensor | None, device) -> torch.Tensor:
+    """Position ids ``[B, T]``: left padding does not advance the position; ``start`` ``[B]`` offsets each row."""
+    if valid is None:
+        pos = torch.arange(T, device=device).expand(B, T)
+    else:
+        pos = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+    if start is not None:
+        pos = pos + start[:, None]
+    return pos
+
+
+def build_mask(
+    mode: str,
+    q_pos: torch.Tensor,
+    q_valid: torch.Tensor | None,
+    cache: KVCache | None,
+    *,
+    prefix_len: torch.Tensor | int | None = None,
+    block_size: int | None = None,
+    explicit: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, bool]:
+    """Boolean mask ``[B, 1, T, S]`` (True = may attend) with S = cached length + T, or None on fast paths.
+
+    q_pos: ``[B, T]`` position ids of the new tokens; q_valid: ``[B, T]`` (None = all real);
+    explicit: ``[B, T, S]`` or ``[B, T, T]`` (then every valid cached key is visible).
+    """
+    B, T = q_pos.shape
+    past = cache.length if cache is not None else 0
+    clean = q_valid is None and (cache is None or cache.all_valid)
+    if explicit is None and clean:
+        if mode == "full":
+            return None, False
+        if mode == "causal":
+            if past == 0:
+                return None, T > 1
+            if T == 1:
+                return None, False
+
+    device = q_pos.device
+    if cache is not None and past:
+        k_pos = torch.cat([cache.pos[:, :past], q_pos], dim=1)
+        k_valid = cache.valid[:, :past]
+        new_valid = torch.ones(B, T, dtype=torch.bool, device=device) if q_valid is None else q_valid.bool()
+        k_valid = torch.cat([k_valid, new_valid], dim=1)
+    else:
+        k_pos = q_pos
+        k_valid = None if q_valid is None else q_valid.bool()
+
+    qp = q_pos[:, :, None]
+    kp = k_pos[:, None, :]
+    if explicit is not None:
+        allowed = explicit.to(device=device, dtype=torch.bool).clone()  # never write into the caller's tensor
+        if allowed.shape[-1] == T and past:
+            allowed = torch.cat([torch.ones(B, T, past, dtype=torch.bool, device=device), allowed], dim=-1)
+        if allowed.shape != (B, T, past + T):
+            raise ValueError(f"explicit mask has shape {tuple(explicit.shape)}; expected [B, T, S] = {(B, T, past + T)}")
+    elif mode == "causal":
+        allowed = kp <= qp
+    elif mode == "full":
+        allowed = torch.ones(B, T, past + T, dtype=torch.bool, device=device)
+    elif mode == "prefix_causal":
+        if prefix_len is None:
+            raise ValueError("attention 'prefix_causal' needs prefix_len: the position where the draft window starts")
+        P = torch.as_tensor(prefix_len, device=device).reshape(-1, 1, 1) if not isinstance(prefix_len, int) else prefix_len
+        allowed = (kp <= qp) | (qp >= P)
+    elif mode == "block_causal":
+        if not block_size:
+            raise ValueError("attention 'block_causal' needs block_size")
+        allowed = torch.div(kp, block_size, rounding_mode="floor") <= torch.div(qp, block_size, rounding_mode="floor")
+    else:
+        raise ValueError(f"unknown attention mode {mode!r}")
+
+    if k_valid is not None:
+        allowed = allowed & k_valid[:, None, :]
+    # Every query sees itself (keeps all-padding rows finite; trees include the node itself anyway).
+    diag = torch.eye(T, dtype=torch.bool, device=device)
+    allowed[:, :, past:] |= diag
+    return allowed[:, None], False
