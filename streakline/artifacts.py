@@ -1,0 +1,366 @@
+"""Run folders, config hashes and manifests: how a pipeline stage records what it made and knows what it can skip.
+
+Every stage writes into ``<root>/<experiment>/<stage>/<config-hash>/`` and finishes by writing
+``manifest.json`` there (atomically, last). A folder whose manifest says ``complete`` and whose listed
+outputs all exist is a finished result that a later run with the same config may reuse.
+
+Typical use inside a stage::
+
+    done = find_complete(root, "tiny", "distill", config_hash(cfg, exclude=["wandb"]))
+    if done is None:
+        with StageRun(root, "tiny", "distill", cfg, inputs={"teacher": teacher_hash}, exclude=["wandb"]) as run:
+            save_checkpoint(run.add_output("checkpoint"))  # add_output returns the absolute path
+            run.metrics["loss"] = 1.23
+        done = run.dir
+
+This module is ground level: it imports nothing from the rest of streakline and never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+import secrets
+import socket
+import subprocess
+import traceback
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path, PurePath
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+FAILED_MANIFEST_NAME = "manifest.failed.json"
+STATUSES = ("complete", "failed")
+DEFAULT_PACKAGES = (
+    "torch", "transformers", "deepspeed", "peft", "datasets", "hydra-core", "ray", "triton", "safetensors",
+    "streakline",
+)  # fmt: skip
+
+
+class ArtifactError(RuntimeError):
+    """A run folder or manifest is missing, unreadable or inconsistent; the message says how to fix it."""
+
+
+def _plain(cfg: Any) -> Any:
+    """Turn an OmegaConf config (or any Mapping) into plain dicts/lists; other values pass through."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # omegaconf is optional for this module; plain dicts work without it
+        pass
+    else:
+        if isinstance(cfg, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(cfg, resolve=True)
+    # Rebuilding every container also gives callers a private copy that excluding keys may mutate.
+    if isinstance(cfg, Mapping):
+        return {k: _plain(v) for k, v in cfg.items()}
+    if isinstance(cfg, (list, tuple)):
+        return [_plain(v) for v in cfg]
+    return cfg
+
+
+def _drop(tree: Any, dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        if isinstance(tree, dict):
+            tree = tree.get(part)
+        elif isinstance(tree, list) and part.isdigit() and int(part) < len(tree):
+            tree = tree[int(part)]
+        else:
+            return  # an excluded key that is absent is simply not there to ignore
+    if isinstance(tree, dict):
+        tree.pop(leaf, None)
+
+
+def _json_default(obj: Any) -> Any:
+    # Paths are common in configs and have one obvious spelling; anything else must be made plain by the caller,
+    # because a repr-based fallback would make hashes depend on memory addresses or library versions.
+    if isinstance(obj, PurePath):
+        return str(obj)
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON: {obj!r}")
+
+
+def config_hash(cfg: Any, exclude: Iterable[str] = ()) -> str:
+    """12-hex-char SHA-256 of ``cfg`` as canonical JSON, independent of key order; ``exclude``: dotted keys to skip."""
+    tree = _plain(cfg)
+    for key in exclude:
+        _drop(tree, key)
+    text = json.dumps(tree, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _run_path(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path:
+    for value in (experiment, stage, cfg_hash):
+        # These become folder names; a slash or '..' would silently put the run somewhere else.
+        if not value or value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"{value!r} is not usable as a run folder name component")
+    return Path(root).expanduser().resolve() / experiment / stage / cfg_hash
+
+
+def run_dir(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path:
+    """Absolute ``root/<experiment>/<stage>/<cfg_hash>/``, created if missing."""
+    path = _run_path(root, experiment, stage, cfg_hash)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see either the old file or the whole new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # os.open with 0o666 lets the umask decide permissions, unlike mkstemp's fixed 0o600.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    # Make the rename itself durable; some filesystems cannot fsync a directory, which is harmless.
+    with contextlib.suppress(OSError):
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Serialise ``obj`` fully, then write it atomically; a serialisation error leaves ``path`` untouched."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
+    write_text_atomic(path, text)
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+_OPT_STR = (str, type(None))
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "stage": str, "experiment": str, "config": dict, "config_hash": str, "status": str, "inputs": dict,
+    "outputs": list, "metrics": dict, "git_sha": _OPT_STR, "package_versions": dict, "python": str, "host": str,
+    "started_at": str, "finished_at": str, "error": _OPT_STR,
+}  # fmt: skip
+_REQUIRED = ("stage", "experiment", "config", "config_hash", "status")
+
+
+@dataclasses.dataclass
+class Manifest:
+    """What one stage run made, from what, with which code; stored as ``manifest.json`` in its run folder."""
+
+    stage: str
+    experiment: str
+    config: dict[str, Any]
+    config_hash: str
+    status: str  # "complete" | "failed"
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    outputs: list[str] = dataclasses.field(default_factory=list)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    git_sha: str | None = None
+    package_versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    python: str = ""
+    host: str = ""
+    started_at: str = ""
+    finished_at: str = ""
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        """Build a Manifest from parsed JSON, raising ArtifactError when a field is missing or has the wrong type."""
+        if not isinstance(data, dict):
+            raise ArtifactError(f"manifest must be a JSON object, got {type(data).__name__}")
+        # Optional fields may be absent so that manifests written before a field existed still load.
+        if missing := [k for k in _REQUIRED if k not in data]:
+            raise ArtifactError(f"manifest lacks required fields {missing}")
+        if wrong := [k for k, kind in _FIELD_TYPES.items() if k in data and not isinstance(data[k], kind)]:
+            raise ArtifactError(f"manifest fields {wrong} have the wrong JSON type")
+        if data["status"] not in STATUSES:
+            raise ArtifactError(f"manifest status {data['status']!r} is not one of {STATUSES}")
+        return cls(**{k: data[k] for k in _FIELD_TYPES if k in data})
+
+
+def _missing_outputs(directory: Path, outputs: Iterable[str]) -> list[str]:
+    return [rel for rel in outputs if not (directory / rel).exists()]
+
+
+def write_manifest(directory: str | os.PathLike, manifest: Manifest, name: str = MANIFEST_NAME) -> Path:
+    """Atomically write ``manifest`` as ``directory/name`` after checking every listed output exists there."""
+    directory = Path(directory)
+    if manifest.status not in STATUSES:
+        raise ArtifactError(f"manifest status {manifest.status!r} is not one of {STATUSES}")
+    if any(PurePath(rel).is_absolute() or ".." in PurePath(rel).parts for rel in manifest.outputs):
+        raise ArtifactError(f"outputs must be relative paths inside the run folder {directory}: {manifest.outputs}")
+    if missing := _missing_outputs(directory, manifest.outputs):
+        raise ArtifactError(
+            f"cannot write manifest in {directory}: listed outputs {missing} do not exist there; "
+            "write them before the manifest or drop them from the output list"
+        )
+    write_json_atomic(directory / name, manifest.to_dict())
+    return directory / name
+
+
+def read_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Manifest:
+    """Load ``directory/name``; raise ArtifactError naming the folder and the fix if it is missing or unusable."""
+    path = Path(directory) / name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError(f"no {name} in {directory}: the stage did not finish there; rerun it") from None
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc}; check the folder's permissions") from exc
+    try:
+        return Manifest.from_dict(json.loads(text))
+    except (ValueError, ArtifactError) as exc:  # JSONDecodeError is a ValueError
+        raise ArtifactError(
+            f"{name} in {directory} is truncated or not a streakline manifest ({exc}); delete the folder and rerun"
+        ) from exc
+
+
+def find_complete(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path | None:
+    """The run folder if it holds a complete manifest for this stage and hash whose outputs all exist, else None."""
+    path = _run_path(root, experiment, stage, cfg_hash)
+    try:
+        manifest = read_manifest(path)
+    except ArtifactError:
+        return None
+    if manifest.status != "complete" or manifest.stage != stage or manifest.config_hash != cfg_hash:
+        return None
+    return None if _missing_outputs(path, manifest.outputs) else path
+
+
+_GIT_ENV_OVERRIDES = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+
+
+def git_sha(repo_dir: str | os.PathLike | None = None) -> str | None:
+    """HEAD commit of the repo holding ``repo_dir`` (default: this package's source), ``-dirty`` if tracked files
+    changed; None outside git, without git, or before the first commit. Never raises."""
+    cwd = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parent
+    # A GIT_DIR inherited from a hook or wrapper would make git describe some other repository.
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_OVERRIDES}
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=10, check=True)
+        return done.stdout.strip()
+
+    try:
+        sha = git("rev-parse", "HEAD")
+        if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", sha):
+            return None
+        return sha + "-dirty" if git("status", "--porcelain", "--untracked-files=no") else sha
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str]:
+    """Installed versions of ``names``; packages that are not installed are left out."""
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+class StageRun:
+    """Context manager for one stage run: makes the folder, then writes the manifest last, complete or failed.
+
+    A failed run never overwrites a complete ``manifest.json`` from an earlier run in the same folder; its
+    record goes to ``manifest.failed.json`` instead, so the good result stays usable and the failure inspectable.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike, experiment: str, stage: str, cfg: Any,
+        inputs: Mapping[str, str | os.PathLike] | None = None, exclude: Iterable[str] = (),
+        packages: Iterable[str] = DEFAULT_PACKAGES, repo_dir: str | os.PathLike | None = None,
+    ) -> None:  # fmt: skip
+        self.root, self.experiment, self.stage = root, experiment, stage
+        self.config = _plain(cfg)
+        if not isinstance(self.config, dict):
+            raise TypeError(f"a stage config must be a mapping, got {type(cfg).__name__}")
+        self.cfg_hash = config_hash(self.config, exclude)
+        self.inputs = {k: str(v) for k, v in (inputs or {}).items()}
+        self.packages, self.repo_dir = tuple(packages), repo_dir
+        self.metrics: dict[str, Any] = {}
+        self.outputs: list[str] = []
+        self.manifest: Manifest | None = None
+        self.dir = _run_path(root, experiment, stage, self.cfg_hash)
+        self._started_at = ""
+
+    def add_output(self, relpath: str | os.PathLike) -> Path:
+        """Record a file or folder (relative to ``run.dir``) as an output; returns its absolute path."""
+        path = Path(relpath)
+        if path.is_absolute():
+            try:
+                path = path.resolve().relative_to(self.dir)
+            except ValueError:
+                raise ArtifactError(f"output {relpath} is outside the run folder {self.dir}") from None
+        if ".." in path.parts:
+            raise ArtifactError(f"output {relpath} escapes the run folder {self.dir}")
+        rel = path.as_posix()
+        if rel not in self.outputs:
+            self.outputs.append(rel)
+        return self.dir / rel
+
+    def __enter__(self) -> StageRun:
+        run_dir(self.root, self.experiment, self.stage, self.cfg_hash)
+        self._started_at = _utc_now()
+        return self
+
+    def _manifest(self, status: str, error: str | None) -> Manifest:
+        outputs = self.outputs if status == "complete" else [o for o in self.outputs if (self.dir / o).exists()]
+        return Manifest(
+            stage=self.stage, experiment=self.experiment, config=self.config, config_hash=self.cfg_hash,
+            status=status, inputs=dict(self.inputs), outputs=list(outputs), metrics=dict(self.metrics),
+            git_sha=git_sha(self.repo_dir), package_versions=package_versions(self.packages),
+            python=platform.python_version(), host=socket.gethostname(), started_at=self._started_at,
+            finished_at=_utc_now(), error=error,
+        )  # fmt: skip
+
+    def _record_failure(self, error: str) -> None:
+        try:
+            earlier_ok = read_manifest(self.dir).status == "complete"
+        except ArtifactError:
+            earlier_ok = False
+        name = FAILED_MANIFEST_NAME if earlier_ok else MANIFEST_NAME
+        manifest = self._manifest("failed", error)
+        # Unencodable metrics must not cost us the failure record, so retry without them; and whatever goes wrong
+        # here, the stage's own error must stay the one that surfaces.
+        for metrics in (manifest.metrics, {}):
+            try:
+                manifest.metrics = metrics
+                write_manifest(self.dir, manifest, name)
+                self.manifest = manifest
+                return
+            except Exception:
+                log.exception("writing the failure record of %s in %s failed", self.stage, self.dir)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            try:
+                manifest = self._manifest("complete", None)
+                write_manifest(self.dir, manifest)
+            except Exception as err:
+                self._record_failure(f"writing the complete manifest failed: {type(err).__name__}: {err}")
+                raise
+            self.manifest = manifest
+            # An older failure record describes a run this success supersedes.
+            (self.dir / FAILED_MANIFEST_NAME).unlink(missing_ok=True)
+            return False
+        self._record_failure("".join(traceback.format_exception(exc_type, exc, tb)))
+        return False  # never swallow the stage's exception

@@ -1,0 +1,263 @@
+"""Tests for streakline.artifacts: config hashes, atomic writes, manifests, run folders and StageRun."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from streakline import artifacts
+from streakline.artifacts import ArtifactError, Manifest, StageRun
+
+CFG = {"model": {"layers": 2, "width": 64}, "lr": 3e-4, "paths": {"out": "/tmp/a"}, "tags": ["x", {"k": 1}]}
+
+
+def _manifest(**over) -> Manifest:
+    fields = {"stage": "train", "experiment": "tiny", "config": CFG, "config_hash": "abc", "status": "complete"}
+    return Manifest(**{**fields, **over})
+
+
+# --- config_hash -------------------------------------------------------------------------------------------------
+
+
+def test_hash_is_12_hex_and_independent_of_key_order():
+    reordered = {"tags": ["x", {"k": 1}], "paths": {"out": "/tmp/a"}, "lr": 3e-4, "model": {"width": 64, "layers": 2}}
+    h = artifacts.config_hash(CFG)
+    assert re.fullmatch(r"[0-9a-f]{12}", h)
+    assert artifacts.config_hash(reordered) == h
+    assert artifacts.config_hash(json.loads(json.dumps(CFG))) == h
+
+
+def test_hash_changes_when_a_value_changes():
+    changed = json.loads(json.dumps(CFG))
+    changed["model"]["width"] = 65
+    assert artifacts.config_hash(changed) != artifacts.config_hash(CFG)
+
+
+def test_exclude_ignores_dotted_keys_and_does_not_mutate_input():
+    other = {**CFG, "paths": {"out": "/elsewhere"}}
+    assert artifacts.config_hash(other) != artifacts.config_hash(CFG)
+    assert artifacts.config_hash(other, exclude=["paths.out"]) == artifacts.config_hash(CFG, exclude=["paths.out"])
+    assert artifacts.config_hash(CFG, exclude=["no.such.key", "model.nope"]) == artifacts.config_hash(CFG)
+    assert artifacts.config_hash(CFG, exclude=["tags.1.k"]) == artifacts.config_hash({**CFG, "tags": ["x", {}]})
+    assert CFG["paths"] == {"out": "/tmp/a"}
+
+
+def test_omegaconf_config_hashes_like_plain_dict():
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({"a": {"b": 1}, "c": "${a.b}"})
+    assert artifacts.config_hash(cfg) == artifacts.config_hash({"c": 1, "a": {"b": 1}})
+
+
+def test_hash_rejects_objects_json_cannot_encode():
+    with pytest.raises(TypeError):
+        artifacts.config_hash({"f": object()})
+
+
+# --- run_dir and atomic writes -----------------------------------------------------------------------------------
+
+
+def test_run_dir_is_absolute_and_created(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = artifacts.run_dir("runs", "tiny", "train", "0123456789ab")
+    assert path.is_absolute() and path.is_dir()
+    assert path == tmp_path / "runs" / "tiny" / "train" / "0123456789ab"
+    with pytest.raises(ValueError):
+        artifacts.run_dir(tmp_path, "../evil", "train", "h")
+
+
+def test_write_json_atomic_round_trips_without_leftovers(tmp_path):
+    target = tmp_path / "x.json"
+    artifacts.write_json_atomic(target, {"a": [1, 2], "p": Path("/q")})
+    assert json.loads(target.read_text()) == {"a": [1, 2], "p": "/q"}
+    artifacts.write_text_atomic(tmp_path / "y.txt", "hello")
+    assert (tmp_path / "y.txt").read_text() == "hello"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.json", "y.txt"]
+
+
+def test_failed_serialisation_leaves_old_file_intact(tmp_path):
+    target = tmp_path / "x.json"
+    artifacts.write_json_atomic(target, {"good": True})
+    for bad in ({"bad": object()}, {"nan": float("nan")}):
+        with pytest.raises((TypeError, ValueError)):
+            artifacts.write_json_atomic(target, bad)
+    assert json.loads(target.read_text()) == {"good": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+# --- manifests ---------------------------------------------------------------------------------------------------
+
+
+def test_manifest_round_trip(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "metrics.json").write_text("{}")
+    m = _manifest(outputs=["model", "metrics.json"], metrics={"loss": 1.5}, git_sha=None, error=None)
+    assert Manifest.from_dict(m.to_dict()) == m
+    artifacts.write_manifest(tmp_path, m)
+    assert artifacts.read_manifest(tmp_path) == m
+
+
+def test_write_manifest_refuses_missing_or_escaping_outputs(tmp_path):
+    with pytest.raises(ArtifactError, match=r"weights\.bin.*do not exist"):
+        artifacts.write_manifest(tmp_path, _manifest(outputs=["weights.bin"]))
+    with pytest.raises(ArtifactError, match="inside the run folder"):
+        artifacts.write_manifest(tmp_path, _manifest(outputs=["../x"]))
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_read_manifest_missing_names_folder_and_fix(tmp_path):
+    with pytest.raises(ArtifactError, match="rerun") as err:
+        artifacts.read_manifest(tmp_path)
+    assert str(tmp_path) in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"stage": "train", "experim',  # truncated
+        "[1, 2]",  # not an object
+        '{"stage": "train"}',  # required fields missing
+        json.dumps({**_manifest().to_dict(), "outputs": "a.bin"}),  # wrong type
+        json.dumps({**_manifest().to_dict(), "status": "running"}),  # unknown status
+    ],
+)
+def test_read_manifest_bad_content_names_folder(tmp_path, content):
+    (tmp_path / "manifest.json").write_text(content)
+    with pytest.raises(ArtifactError, match="rerun") as err:
+        artifacts.read_manifest(tmp_path)
+    assert str(tmp_path) in str(err.value)
+    assert isinstance(err.value, RuntimeError)
+
+
+# --- find_complete -----------------------------------------------------------------------------------------------
+
+
+def test_find_complete_only_accepts_complete_runs_with_all_outputs(tmp_path):
+    h = "0123456789ab"
+    assert artifacts.find_complete(tmp_path, "tiny", "train", h) is None  # no folder
+    d = artifacts.run_dir(tmp_path, "tiny", "train", h)
+    assert artifacts.find_complete(tmp_path, "tiny", "train", h) is None  # folder, no manifest
+    (d / "model.bin").write_text("w")
+    artifacts.write_manifest(d, _manifest(config_hash=h, status="failed", outputs=["model.bin"]))
+    assert artifacts.find_complete(tmp_path, "tiny", "train", h) is None  # failed
+    artifacts.write_manifest(d, _manifest(config_hash=h, outputs=["model.bin"]))
+    assert artifacts.find_complete(tmp_path, "tiny", "train", h) == d
+    (d / "model.bin").unlink()
+    assert artifacts.find_complete(tmp_path, "tiny", "train", h) is None  # output deleted afterwards
+    (d / "manifest.json").write_text('{"stage": ')
+    assert artifacts.find_complete(tmp_path, "tiny", "train", h) is None  # corrupt
+
+
+# --- StageRun ----------------------------------------------------------------------------------------------------
+
+
+def test_stage_run_success_writes_complete_manifest(tmp_path):
+    with StageRun(tmp_path, "tiny", "train", CFG, inputs={"data": Path("/d")}, exclude=["paths"]) as run:
+        assert run.dir.is_dir() and run.dir.name == artifacts.config_hash(CFG, exclude=["paths"])
+        run.add_output("model.bin").write_text("w")
+        run.add_output(run.dir / "sub" / "a.txt")
+        (run.dir / "sub").mkdir()
+        (run.dir / "sub" / "a.txt").write_text("a")
+        run.metrics["loss"] = 0.5
+    m = artifacts.read_manifest(run.dir)
+    assert m.status == "complete" and m.error is None
+    assert m.outputs == ["model.bin", "sub/a.txt"]
+    assert m.metrics == {"loss": 0.5} and m.inputs == {"data": "/d"} and m.config == CFG
+    assert m.python and m.host and m.started_at <= m.finished_at and m.finished_at.endswith("+00:00")
+    assert "pytest" not in m.package_versions  # only the names asked for
+    assert artifacts.find_complete(tmp_path, "tiny", "train", run.cfg_hash) == run.dir
+    with pytest.raises(ArtifactError, match="outside"):
+        run.add_output(tmp_path / "elsewhere.txt")
+
+
+def test_stage_run_exception_writes_failed_manifest_and_reraises(tmp_path):
+    with pytest.raises(ZeroDivisionError):
+        with StageRun(tmp_path, "tiny", "train", CFG) as run:
+            run.add_output("model.bin").write_text("partial")
+            run.add_output("never_written.bin")
+            1 / 0  # noqa: B018
+    m = artifacts.read_manifest(run.dir)
+    assert m.status == "failed" and "ZeroDivisionError" in m.error
+    assert m.outputs == ["model.bin"]  # only what exists, so the failure record itself is consistent
+    assert artifacts.find_complete(tmp_path, "tiny", "train", run.cfg_hash) is None
+
+
+def test_stage_run_missing_output_on_clean_exit_fails(tmp_path):
+    with pytest.raises(ArtifactError, match="forgot.bin"):
+        with StageRun(tmp_path, "tiny", "train", CFG) as run:
+            run.add_output("forgot.bin")
+    m = artifacts.read_manifest(run.dir)
+    assert m.status == "failed" and "forgot.bin" in m.error
+
+
+def test_failed_rerun_keeps_earlier_complete_manifest(tmp_path):
+    with StageRun(tmp_path, "tiny", "train", CFG) as good:
+        good.add_output("model.bin").write_text("w")
+        good.metrics["loss"] = 0.5
+    before = (good.dir / "manifest.json").read_text()
+    with pytest.raises(RuntimeError, match="boom"):
+        with StageRun(tmp_path, "tiny", "train", CFG):
+            raise RuntimeError("boom")
+    assert (good.dir / "manifest.json").read_text() == before
+    failed = artifacts.read_manifest(good.dir, artifacts.FAILED_MANIFEST_NAME)
+    assert failed.status == "failed" and "boom" in failed.error
+    assert artifacts.find_complete(tmp_path, "tiny", "train", good.cfg_hash) == good.dir
+    with StageRun(tmp_path, "tiny", "train", CFG) as again:  # a later success supersedes the failure record
+        again.add_output("model.bin")
+    assert not (good.dir / artifacts.FAILED_MANIFEST_NAME).exists()
+
+
+def test_unserialisable_metrics_fail_the_run_but_keep_good_manifest(tmp_path):
+    with StageRun(tmp_path, "tiny", "train", CFG) as good:
+        pass
+    before = (good.dir / "manifest.json").read_text()
+    with pytest.raises(TypeError):
+        with StageRun(tmp_path, "tiny", "train", CFG) as run:
+            run.metrics["tensor"] = object()
+    assert (good.dir / "manifest.json").read_text() == before
+    failed = artifacts.read_manifest(run.dir, artifacts.FAILED_MANIFEST_NAME)
+    assert failed.status == "failed" and failed.metrics == {} and "TypeError" in failed.error
+
+
+# --- provenance --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
+def test_git_sha_inside_and_outside_a_repo(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # never find a repo above tmp_path
+    repo, plain = tmp_path / "repo", tmp_path / "plain"
+    repo.mkdir()
+    plain.mkdir()
+    assert artifacts.git_sha(plain) is None
+    assert artifacts.git_sha(tmp_path / "does-not-exist") is None
+
+    def git(*args: str) -> None:
+        ident = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+        subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    assert artifacts.git_sha(repo) is None  # no commit yet
+    (repo / "f.txt").write_text("1")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "init")
+    sha = artifacts.git_sha(repo)
+    assert re.fullmatch(r"[0-9a-f]{40}", sha)
+    (repo / "untracked.txt").write_text("u")
+    assert artifacts.git_sha(repo) == sha  # untracked files do not make the tree dirty
+    (repo / "f.txt").write_text("2")
+    assert artifacts.git_sha(repo) == sha + "-dirty"
+
+
+def test_git_sha_without_git_on_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert artifacts.git_sha(tmp_path) is None
+
+
+def test_package_versions_skips_missing_packages():
+    versions = artifacts.package_versions(["pytest", "surely-not-an-installed-package-xyz"])
+    assert set(versions) == {"pytest"} and versions["pytest"] == pytest.__version__
+    assert set(artifacts.package_versions()) <= set(artifacts.DEFAULT_PACKAGES)
