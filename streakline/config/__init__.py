@@ -1,0 +1,67 @@
+"""The configuration layer: schema, validation, override checks, and one way to compose a config in code.
+
+``streakline.cli`` composes through ``@hydra.main``; tests and tools that need a config without a command
+line call :func:`compose_config`, which applies the same override rewriting, validation and path
+resolution::
+
+    from streakline.config import compose_config
+    cfg = compose_config(["stage=distill", "model.verifier=qwen2.5-72b"])
+
+The YAML presets live in the repository's ``conf/`` (:data:`CONF_DIR`); docs/config.md explains them.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from streakline.config.overrides import OverrideError, rewrite_overrides
+from streakline.config.schema import Config, register_configs
+from streakline.config.validate import ConfigError, resolve_paths, validate
+
+# conf/ sits beside the package in the source tree; the package is meant to be installed editable.
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+__all__ = [
+    "CONF_DIR",
+    "Config",
+    "ConfigError",
+    "OverrideError",
+    "as_schema",
+    "compose_config",
+    "register_configs",
+    "resolve_paths",
+    "rewrite_overrides",
+    "validate",
+]
+
+
+def as_schema(cfg: DictConfig | dict) -> DictConfig:
+    """Return ``cfg`` merged onto the :class:`Config` dataclass, in struct mode.
+
+    Hydra's composition already starts from the schema, but ``+key=value`` overrides add keys with struct
+    mode lifted, and a config-typed node merged onto the schema keeps them; going through a plain container
+    makes every key face the dataclass again, however ``cfg`` was produced (a saved manifest, a dict).
+    """
+    plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
+    merged = OmegaConf.merge(OmegaConf.structured(Config), plain)
+    OmegaConf.set_struct(merged, True)
+    return merged
+
+
+def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictConfig:
+    """Compose ``conf/config.yaml`` with command-line style ``overrides``, as ``launch.py`` would.
+
+    With ``check`` (the default) the result is validated and its paths made absolute. Must not be called
+    while a Hydra app is running in this process (Hydra's global state is then already initialised).
+    """
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    args = rewrite_overrides(list(overrides), CONF_DIR)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
+        cfg = as_schema(compose(config_name="config", overrides=args))
+    if check:
+        validate(cfg)
+        resolve_paths(cfg)
+    return cfg

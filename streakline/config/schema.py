@@ -1,0 +1,230 @@
+"""The configuration schema: dataclasses that every YAML file under ``conf/`` only fills in.
+
+Hydra composes ``conf/config.yaml`` on top of the root :class:`Config` (registered in the ConfigStore
+as ``streakline_schema`` by :func:`register_configs`), so struct mode rejects any key a dataclass does
+not declare, and OmegaConf converts and type-checks every value. Fields left ``MISSING`` (``???``) have
+no sensible default and must come from a preset; :func:`streakline.config.validate.validate` says
+which one is absent.
+
+The allowed-value tuples (``FAMILIES``, ``ATTENTION_MODES``, ``STAGES``, ``LOSSES``, ...) live here so
+that later code can import them instead of repeating string literals. Fields are plain ``str`` rather
+than Enums so that YAML, command-line overrides and manifests all read the same.
+
+Run ``python launch.py --cfg job`` to see the composed config, or read docs/config.md.
+"""
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+SCHEMA_NAME = "streakline_schema"
+
+STAGES = (
+    "doctor",
+    "bootstrap",
+    "trajectories",
+    "distill",
+    "spot",
+    "spiffy",
+    "decode",
+    "evaluate",
+    "sweep",
+    "pipeline",
+)
+FAMILIES = ("llama", "qwen2", "qwen3", "dream", "sdar", "llada")
+# "auto" is not a family: it defers to the checkpoint folder's config.json.
+FAMILY_CHOICES = (*FAMILIES, "auto")
+ATTENTION_MODES = ("causal", "full", "prefix_causal", "block_causal")
+DTYPES = ("float32", "bfloat16", "float16")
+ROLES = ("verifier", "drafter", "target")
+LOSSES = ("streak", "ce_streak", "expce", "distillspec", "ar_distill", "mdm")
+DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
+TEACHERS = ("stored", "online")
+ZERO_STAGES = (0, 2, 3)
+PRECISIONS = ("fp32", "bf16")
+DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "static", "threshold", "spot", "spiffy")
+ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
+SELECTIONS = ("streak_score", "longest")
+LAUNCHERS = ("local", "slurm", "ray")
+
+
+@dataclass
+class ArchConfig:
+    """Shape of a model built from scratch (the tiny world); ignored when weights come from a checkpoint."""
+
+    vocab_size: int = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_layers: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    max_position_embeddings: int = 2048
+
+
+@dataclass
+class CheckpointConfig:
+    """One checkpoint preset (``conf/checkpoint/*.yaml``), placed into a role by a model preset."""
+
+    name: str = MISSING
+    path: str | None = None  # local HF-style folder; wins over hub_id and arch
+    hub_id: str | None = None
+    tokenizer: str | None = None  # folder; None: the same as path
+    family: str = MISSING  # FAMILY_CHOICES
+    attention: str = MISSING  # ATTENTION_MODES
+    # True: the logit at position n+j-1 predicts window slot j (AR-initialised dLLMs such as Dream).
+    shift: bool = MISSING
+    # Required (may be null) so that every preset states whether its tokenizer has a mask token.
+    mask_token: str | None = MISSING
+    gamma: int = MISSING  # default draft window for this checkpoint
+    block_size: int | None = None  # required when attention == block_causal
+    dtype: str = MISSING  # DTYPES
+    arch: ArchConfig | None = None
+
+
+@dataclass
+class ModelConfig:
+    """A pairing of three roles; ``conf/model/*.yaml`` picks a checkpoint preset for each."""
+
+    name: str = MISSING
+    verifier: CheckpointConfig = field(default_factory=CheckpointConfig)
+    drafter: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # The block-diffusion target that SPOT and Spiffy accelerate.
+    target: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass
+class StageConfig:
+    name: str = MISSING  # STAGES
+
+
+@dataclass
+class MethodConfig:
+    """The distillation loss and its knobs (ALGORITHMS.md section 4)."""
+
+    name: str = MISSING
+    loss: str = MISSING  # LOSSES
+    gamma: int | None = None  # None: the drafter preset's gamma
+    drafter_temperature: float = 1.0
+    lam: float = 0.9  # expce decay per window slot
+    inclusive: bool = False  # ce_streak: weight slot m by the streak through m rather than m-1
+    divergence: str = "fkl"  # DIVERGENCES
+    beta: float = 0.5  # jsd mixing weight
+    teacher: str = "stored"  # TEACHERS
+    onpolicy_mix: float = 0.0
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    prompt_sources: list[str] = field(default_factory=list)  # benchmark names, or name@/local/file.jsonl
+    mix_weights: list[float] = field(default_factory=list)  # empty: uniform over prompt_sources
+    samples_per_prompt: int = 1
+    max_prompts: int | None = None
+    chat_template: bool = True
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class TrainerConfig:
+    name: str = MISSING
+    zero_stage: int = MISSING  # ZERO_STAGES
+    precision: str = MISSING  # PRECISIONS
+    lr: float = 1e-5
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    max_steps: int = 1000
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    grad_clip: float = 1.0
+    activation_checkpointing: bool = False
+    save_every: int = 500
+    eval_every: int = 500
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    wandb_project: str | None = "streakline"
+
+
+@dataclass
+class DecoderConfig:
+    """The speculative decoder's settings (ALGORITHMS.md sections 2, 3, 7-9)."""
+
+    name: str = MISSING  # DECODERS
+    K: int = 1  # drafts per cycle (self-selection when > 1)
+    gamma: int | None = None  # None: the drafter preset's gamma
+    temperature: float = 0.0  # verifier temperature
+    drafter_temperature: float = 1.5
+    top_k: int = 64
+    acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
+    selection: str = "streak_score"  # SELECTIONS
+    max_new_tokens: int = 128
+    stop_strings: list[str] = field(default_factory=list)
+    batch_size: int = 1
+    threshold: float = 0.9  # confidence for threshold decoding
+    budget: int = 8  # D: draft states verified per forward (SPOT / Spiffy)
+
+
+@dataclass
+class LauncherConfig:
+    name: str = MISSING  # LAUNCHERS
+    nodes: int = 1
+    gpus_per_node: int = 0
+    partition: str | None = None
+    account: str | None = None
+    time_min: int = 60
+    ray_address: str | None = None  # None: start a local Ray
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = MISSING
+    stages: list[str] = field(default_factory=list)  # chained in order by stage=pipeline
+
+
+@dataclass
+class Config:
+    stage: StageConfig = field(default_factory=StageConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
+    seed: int = 0
+
+
+# The dataclass behind each config group folder, for tools that check a YAML file against its schema.
+GROUP_SCHEMAS: dict[str, type] = {
+    "stage": StageConfig,
+    "model": ModelConfig,
+    "checkpoint": CheckpointConfig,
+    "method": MethodConfig,
+    "data": DataConfig,
+    "trainer": TrainerConfig,
+    "decoder": DecoderConfig,
+    "launcher": LauncherConfig,
+    "experiment": ExperimentConfig,
+}
+
+
+def register_configs() -> None:
+    """Put the root schema into Hydra's ConfigStore; ``conf/config.yaml`` lists it first in its defaults.
+
+    Safe to call more than once (the store simply replaces the node).
+    """
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)

@@ -1,0 +1,233 @@
+"""Checks on a composed config that the type system cannot express, and path resolution.
+
+The schema (``schema.py``) already rejects unknown keys and wrongly typed values; this module rejects
+values that are well typed but wrong: a choice outside its tuple, a size that is not positive, a
+block-causal checkpoint without a block size, a role with nowhere to get weights from. Every error
+is a :class:`ConfigError` whose message names the full key, the bad value and what would be valid.
+
+``streakline.cli`` calls :func:`validate` and then :func:`resolve_paths` on the driver, before any stage
+runs; tests call them on every composed preset (``pytest tests/config``).
+"""
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from streakline.config.schema import (
+    ACCEPTANCE_RULES,
+    ATTENTION_MODES,
+    DECODERS,
+    DIVERGENCES,
+    DTYPES,
+    FAMILY_CHOICES,
+    LAUNCHERS,
+    LOSSES,
+    PRECISIONS,
+    ROLES,
+    SELECTIONS,
+    STAGES,
+    TEACHERS,
+    ZERO_STAGES,
+)
+
+
+class ConfigError(ValueError):
+    """A composed config that is well typed but cannot be run."""
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` on the first problem found in ``cfg`` (a composed root config)."""
+    _no_missing(cfg, "")
+    _choice(cfg, "stage.name", STAGES)
+    _between(cfg, "seed", 0, 2**32 - 1)
+    if not cfg.run_root:
+        raise ConfigError("run_root is empty; give a folder for run outputs, e.g. run_root=runs")
+    for role in ROLES:
+        _checkpoint(cfg, f"model.{role}")
+    _method(cfg)
+    _data(cfg)
+    _trainer(cfg)
+    _decoder(cfg)
+    _launcher(cfg)
+    _experiment(cfg)
+
+
+def resolve_paths(cfg: DictConfig) -> DictConfig:
+    """Make ``run_root`` and every role's ``path`` / ``tokenizer`` absolute, in place; returns ``cfg``.
+
+    Relative paths are taken against the current directory, which Hydra leaves alone
+    (``hydra.job.chdir=false``), so they mean what they meant on the command line. Workers receive the
+    resolved config and never resolve again.
+    """
+    cfg.run_root = _absolute(cfg.run_root)
+    for role in ROLES:
+        node = cfg.model[role]
+        for key in ("path", "tokenizer"):
+            if node[key] is not None:
+                node[key] = _absolute(node[key])
+    return cfg
+
+
+def _absolute(path: str) -> str:
+    # abspath rather than resolve(): keep symlinked checkpoint folders under the name the user gave.
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _no_missing(node: DictConfig, prefix: str) -> None:
+    # Checked first so that later checks can read any field without tripping MissingMandatoryValue.
+    for key in node:
+        full = f"{prefix}{key}"
+        if OmegaConf.is_missing(node, key):
+            raise ConfigError(f"{full} is required but no preset or override sets it (it is ???)")
+        child = node[key]
+        if isinstance(child, DictConfig):
+            _no_missing(child, f"{full}.")
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    return OmegaConf.select(cfg, key, throw_on_missing=True)
+
+
+def _choice(cfg: DictConfig, key: str, valid: Iterable[Any], context: str = "") -> None:
+    value = _get(cfg, key)
+    if value not in valid:
+        choices = ", ".join(str(v) for v in valid)
+        raise ConfigError(f"{key}={value!r} is not valid{context}; choose one of: {choices}")
+
+
+def _at_least(cfg: DictConfig, key: str, low: float, optional: bool = False) -> None:
+    value = _get(cfg, key)
+    if value is None and optional:
+        return
+    if value is None or value < low:
+        raise ConfigError(f"{key}={value!r} is not valid; it must be >= {low}" + (" or null" if optional else ""))
+
+
+def _positive(cfg: DictConfig, key: str) -> None:
+    value = _get(cfg, key)
+    if not value > 0:
+        raise ConfigError(f"{key}={value!r} is not valid; it must be > 0")
+
+
+def _between(cfg: DictConfig, key: str, low: float, high: float) -> None:
+    value = _get(cfg, key)
+    if not low <= value <= high:
+        raise ConfigError(f"{key}={value!r} is not valid; it must lie in [{low}, {high}]")
+
+
+def _checkpoint(cfg: DictConfig, key: str) -> None:
+    node = _get(cfg, key)
+    preset = f" (checkpoint preset {node.name!r})"
+    _choice(cfg, f"{key}.family", FAMILY_CHOICES, context=preset)
+    _choice(cfg, f"{key}.attention", ATTENTION_MODES, context=preset)
+    _choice(cfg, f"{key}.dtype", DTYPES, context=preset)
+    _at_least(cfg, f"{key}.gamma", 1)
+    _at_least(cfg, f"{key}.block_size", 1, optional=True)
+    if node.attention == "block_causal" and node.block_size is None:
+        raise ConfigError(f"{key}.block_size is null but {key}.attention is block_causal{preset}; set {key}.block_size")
+    if node.path is None and node.hub_id is None and node.arch is None:
+        raise ConfigError(
+            f"{key}{preset} has no weights: set {key}.path (a local folder) or {key}.hub_id, "
+            "or pick a tiny preset, which carries an arch"
+        )
+    if node.family == "auto" and node.path is None and node.hub_id is None:
+        raise ConfigError(f"{key}.family=auto reads config.json from a checkpoint; set {key}.path or {key}.hub_id")
+    if node.arch is not None:
+        _arch(cfg, f"{key}.arch")
+
+
+def _arch(cfg: DictConfig, key: str) -> None:
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+        _at_least(cfg, f"{key}.{field}", 1)
+    _at_least(cfg, f"{key}.head_dim", 1, optional=True)
+    _at_least(cfg, f"{key}.max_position_embeddings", 1)
+    _positive(cfg, f"{key}.rope_theta")
+    _positive(cfg, f"{key}.rms_norm_eps")
+    arch = _get(cfg, key)
+    if arch.head_dim is None and arch.hidden_size % arch.num_heads:
+        raise ConfigError(
+            f"{key}.hidden_size={arch.hidden_size} is not divisible by {key}.num_heads={arch.num_heads}; "
+            f"set {key}.head_dim explicitly"
+        )
+    if arch.num_heads % arch.num_kv_heads:
+        raise ConfigError(
+            f"{key}.num_heads={arch.num_heads} is not a multiple of {key}.num_kv_heads={arch.num_kv_heads}"
+        )
+
+
+def _method(cfg: DictConfig) -> None:
+    _choice(cfg, "method.loss", LOSSES)
+    _choice(cfg, "method.divergence", DIVERGENCES)
+    _choice(cfg, "method.teacher", TEACHERS)
+    _at_least(cfg, "method.gamma", 1, optional=True)
+    _positive(cfg, "method.drafter_temperature")
+    _between(cfg, "method.lam", 0.0, 1.0)
+    _between(cfg, "method.beta", 0.0, 1.0)
+    _between(cfg, "method.onpolicy_mix", 0.0, 1.0)
+
+
+def _data(cfg: DictConfig) -> None:
+    data = cfg.data
+    if not data.prompt_sources:
+        raise ConfigError("data.prompt_sources is empty; name at least one benchmark or prompt file")
+    if data.mix_weights:
+        if len(data.mix_weights) != len(data.prompt_sources):
+            raise ConfigError(
+                f"data.mix_weights has {len(data.mix_weights)} entries but data.prompt_sources has "
+                f"{len(data.prompt_sources)}; give one weight per source, or [] for uniform"
+            )
+        if min(data.mix_weights) < 0 or sum(data.mix_weights) <= 0:
+            raise ConfigError(f"data.mix_weights={list(data.mix_weights)} must be >= 0 with a positive sum")
+    _at_least(cfg, "data.samples_per_prompt", 1)
+    _at_least(cfg, "data.max_prompts", 1, optional=True)
+
+
+def _trainer(cfg: DictConfig) -> None:
+    _choice(cfg, "trainer.zero_stage", ZERO_STAGES)
+    _choice(cfg, "trainer.precision", PRECISIONS)
+    _positive(cfg, "trainer.lr")
+    _between(cfg, "trainer.min_lr_ratio", 0.0, 1.0)
+    _at_least(cfg, "trainer.grad_clip", 0.0)
+    _at_least(cfg, "trainer.warmup_steps", 0)
+    for key in ("max_steps", "micro_batch_size", "grad_accum", "save_every", "eval_every"):
+        _at_least(cfg, f"trainer.{key}", 1)
+    if cfg.trainer.lora.enabled:
+        _at_least(cfg, "trainer.lora.r", 1)
+        _positive(cfg, "trainer.lora.alpha")
+        _between(cfg, "trainer.lora.dropout", 0.0, 1.0)
+        if not cfg.trainer.lora.targets:
+            raise ConfigError("trainer.lora.targets is empty but trainer.lora.enabled is true")
+
+
+def _decoder(cfg: DictConfig) -> None:
+    _choice(cfg, "decoder.name", DECODERS)
+    _choice(cfg, "decoder.acceptance", ACCEPTANCE_RULES)
+    _choice(cfg, "decoder.selection", SELECTIONS)
+    _at_least(cfg, "decoder.gamma", 1, optional=True)
+    for key in ("K", "max_new_tokens", "batch_size", "budget"):
+        _at_least(cfg, f"decoder.{key}", 1)
+    for key in ("temperature", "drafter_temperature", "top_k"):
+        _at_least(cfg, f"decoder.{key}", 0)
+    _positive(cfg, "decoder.threshold")
+    _between(cfg, "decoder.threshold", 0.0, 1.0)
+
+
+def _launcher(cfg: DictConfig) -> None:
+    _choice(cfg, "launcher.name", LAUNCHERS)
+    _at_least(cfg, "launcher.nodes", 1)
+    _at_least(cfg, "launcher.gpus_per_node", 0)
+    _at_least(cfg, "launcher.time_min", 1)
+
+
+def _experiment(cfg: DictConfig) -> None:
+    chainable = tuple(s for s in STAGES if s != "pipeline")
+    for i, stage in enumerate(cfg.experiment.stages):
+        if stage not in chainable:
+            raise ConfigError(f"experiment.stages[{i}]={stage!r} is not valid; choose from: {', '.join(chainable)}")
+    if cfg.stage.name == "pipeline" and not cfg.experiment.stages:
+        raise ConfigError(
+            f"stage=pipeline runs the stages an experiment lists, but experiment={cfg.experiment.name!r} "
+            "lists none; pick one such as experiment=tiny_e2e"
+        )

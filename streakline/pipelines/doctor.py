@@ -1,0 +1,150 @@
+"""Stage ``doctor``: report the environment and where each model role would get its weights.
+
+    python launch.py stage=doctor model=tiny
+    python launch.py stage=doctor model=diffucoder model.drafter.path=/ckpt/drafter
+
+Nothing is downloaded or built: library versions come from package metadata (no heavy imports except
+torch, for the CUDA check), and hub checkpoints are only looked up in the local Hugging Face cache.
+"""
+
+import importlib.metadata
+import os
+import platform
+from typing import Any
+
+from omegaconf import DictConfig
+
+from streakline.config.schema import ROLES
+
+# Distribution names, as pip knows them, under the label the report shows.
+PACKAGES = {
+    "torch": "torch",
+    "deepspeed": "deepspeed",
+    "transformers": "transformers",
+    "triton": "triton",
+    "ray": "ray",
+    "hydra": "hydra-core",
+}
+TINY_SOURCE = "tiny: built by stage=bootstrap"
+PARITY_TOLERANCE = 1e-4  # fp32 logits; the parity tests use the same bound
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """Print the report and return it as ``{"environment": {...}, "roles": {role: {...}}}``."""
+    report = {"environment": environment(), "roles": check_roles(cfg)}
+    print(format_report(report, model=cfg.model.name))
+    return report
+
+
+def environment() -> dict[str, Any]:
+    """Versions of python and the main libraries, CUDA visibility, and the Triton interpreter switch."""
+    env: dict[str, Any] = {"python": platform.python_version()}
+    for label, dist in PACKAGES.items():
+        try:
+            env[label] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            env[label] = None
+    env["cuda_available"], env["cuda_devices"] = _cuda()
+    env["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    return env
+
+
+def _cuda() -> tuple[bool, int]:
+    try:
+        import torch
+    except ImportError:
+        return False, 0
+    available = torch.cuda.is_available()
+    return available, torch.cuda.device_count() if available else 0
+
+
+def check_roles(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """Describe each role's checkpoint preset and where its weights would come from.
+
+    For a role whose architecture is known here (a tiny preset, or a checkpoint folder on this machine) the entry
+    also gets its parameter count; a tiny preset is built with fresh weights and checked against
+    ``transformers`` (``parity_max_abs``: largest logit difference under the role's attention mode).
+    """
+    roles = {}
+    for role in ROLES:
+        node = cfg.model[role]
+        source, available = weights_source(node)
+        roles[role] = {
+            "preset": node.name,
+            "family": node.family,
+            "attention": node.attention,
+            "shift": node.shift,
+            "gamma": node.gamma,
+            "weights": source,
+            "available": available,
+        }
+        roles[role].update(probe_model(node, role) if available else {})
+    return roles
+
+
+def probe_model(node: DictConfig, role: str) -> dict[str, Any]:
+    """Parameter count (from config.json for a folder: no weights are read) and, for a tiny preset, a parity check
+    of freshly initialised weights against ``transformers``."""
+    from streakline.models import CheckpointError, build, locate, read_config, transformers_max_diff
+
+    try:
+        folder = locate(node, role)
+        if folder is not None:
+            return {"parameters": read_config(folder, node.family).num_parameters()}
+        model = build(node, role, dtype="float32").eval()
+        return {"parameters": model.config.num_parameters(), "parity_max_abs": transformers_max_diff(model)}
+    except CheckpointError as err:
+        return {"problem": str(err)}
+
+
+def weights_source(node: DictConfig) -> tuple[str, bool]:
+    """Where one role's weights come from, in the order the model builder will try: path, hub id, arch.
+
+    Returns a description and whether the weights are on this machine now (a tiny model counts as
+    available: it is built, not fetched).
+    """
+    if node.path is not None:
+        exists = os.path.isdir(node.path)
+        return f"local: {node.path} ({'exists' if exists else 'missing'})", exists
+    if node.hub_id is not None:
+        cached = _in_hf_cache(node.hub_id)
+        where = "in the local HF cache" if cached else "not in the local HF cache; nothing is downloaded unless asked"
+        return f"hub: {node.hub_id} ({where})", cached
+    return TINY_SOURCE, True
+
+
+def _in_hf_cache(hub_id: str) -> bool:
+    # Checks for config.json only: enough to say the snapshot was fetched, without walking the weights.
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    return isinstance(try_to_load_from_cache(hub_id, "config.json"), str)
+
+
+def format_report(report: dict[str, Any], model: str) -> str:
+    env = report["environment"]
+    lines = ["streakline doctor", "environment"]
+    for key in ("python", *PACKAGES):
+        lines.append(f"  {key:<18} {env[key] or 'not installed'}")
+    cuda = f"yes ({env['cuda_devices']} devices)" if env["cuda_available"] else "no"
+    lines.append(f"  {'cuda':<18} {cuda}")
+    lines.append(f"  {'TRITON_INTERPRET':<18} {env['triton_interpret'] or 'unset'}")
+    lines.append(f"roles (model={model})")
+    for role, info in report["roles"].items():
+        lines.append(
+            f"  {role:<9} {info['preset']:<15} family={info['family']} attention={info['attention']} "
+            f"shift={str(info['shift']).lower()} gamma={info['gamma']}"
+        )
+        lines.append(f"  {'':<9} weights: {info['weights']}")
+        if "parameters" in info:
+            lines.append(f"  {'':<9} parameters: {info['parameters'] / 1e6:.2f}M")
+        if "parity_max_abs" in info:
+            verdict = "ok" if info["parity_max_abs"] < PARITY_TOLERANCE else "MISMATCH"
+            lines.append(
+                f"  {'':<9} parity with transformers (fresh weights): max |logit diff| "
+                f"{info['parity_max_abs']:.1e} ({verdict})"
+            )
+        if "problem" in info:
+            lines.append(f"  {'':<9} problem: {info['problem']}")
+    return "\n".join(lines)

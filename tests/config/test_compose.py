@@ -1,0 +1,221 @@
+"""Every YAML under conf/ composes onto the schema and validates; presets, roles and checks behave.
+
+Run: python -m pytest tests/config/test_compose.py
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import MISSING, OmegaConf
+
+from streakline.config import CONF_DIR, ConfigError, as_schema, compose_config, register_configs, rewrite_overrides
+from streakline.config.overrides import OverrideError, check_key, config_groups, group_options
+from streakline.config.schema import (
+    DECODERS,
+    GROUP_SCHEMAS,
+    LAUNCHERS,
+    LOSSES,
+    ROLES,
+    STAGES,
+    ArchConfig,
+    CheckpointConfig,
+    Config,
+)
+
+# Groups selected directly with group=option; checkpoint presets are only reached through the roles.
+SELECTABLE = [g for g in config_groups(CONF_DIR) if g != "checkpoint"]
+# Options that only make sense next to another choice.
+COMPANIONS = {("stage", "pipeline"): ["experiment=tiny_e2e"]}
+
+
+def _group_cases() -> list[tuple[str, str]]:
+    return [(group, option) for group in SELECTABLE for option in group_options(CONF_DIR, group)]
+
+
+@pytest.mark.parametrize(("group", "option"), _group_cases(), ids=lambda v: str(v))
+def test_every_group_option_composes_and_validates(group, option):
+    cfg = compose_config([f"{group}={option}", *COMPANIONS.get((group, option), [])])
+    assert OmegaConf.get_type(cfg) is Config
+    assert OmegaConf.is_struct(cfg)
+    # Each preset names itself, so manifests and reports can say which one ran.
+    assert cfg[group].name == option
+
+
+# Each checkpoint preset once, the roles taken in turn (a compose costs ~0.2 s; every pairing adds nothing).
+_CHECKPOINT_CASES = [(ROLES[i % len(ROLES)], p) for i, p in enumerate(group_options(CONF_DIR, "checkpoint"))]
+
+
+@pytest.mark.parametrize(("role", "preset"), _CHECKPOINT_CASES, ids=lambda v: str(v))
+def test_every_checkpoint_preset_composes_into_a_role(role, preset):
+    cfg = compose_config([f"model.{role}={preset}"])
+    assert cfg.model[role].name == preset
+
+
+def test_every_yaml_file_is_reached():
+    reached = {CONF_DIR / "config.yaml"}
+    reached |= {CONF_DIR / g / f"{o}.yaml" for g, o in _group_cases()}
+    reached |= {CONF_DIR / "checkpoint" / f"{o}.yaml" for o in group_options(CONF_DIR, "checkpoint")}
+    assert set(CONF_DIR.rglob("*.yaml")) == reached
+
+
+def test_option_folders_match_the_schema_tuples():
+    assert tuple(group_options(CONF_DIR, "stage")) == tuple(sorted(STAGES))
+    assert tuple(group_options(CONF_DIR, "decoder")) == tuple(sorted(DECODERS))
+    assert tuple(group_options(CONF_DIR, "method")) == tuple(sorted(LOSSES))
+    assert tuple(group_options(CONF_DIR, "launcher")) == tuple(sorted(LAUNCHERS))
+    assert set(SELECTABLE) | {"checkpoint"} == set(GROUP_SCHEMAS)
+
+
+def _leaves(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _default(defaults, key):
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(defaults, parent_key) if parent_key else defaults
+    return MISSING if OmegaConf.is_missing(parent, leaf) else parent[leaf]
+
+
+@pytest.mark.parametrize("group", sorted(GROUP_SCHEMAS))
+def test_yaml_only_overrides_schema_defaults(group):
+    """conf/ must not restate a dataclass default (DESIGN.md: the schema owns defaults)."""
+    schema = GROUP_SCHEMAS[group]
+    # arch defaults to None in a checkpoint; its fields' defaults are ArchConfig's.
+    defaults = OmegaConf.structured(schema(arch=ArchConfig()) if schema is CheckpointConfig else schema)
+    restated = []
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        data = OmegaConf.to_container(OmegaConf.load(path))
+        data.pop("defaults", None)
+        restated += [f"{path.name}: {k}={v!r}" for k, v in _leaves(data) if _default(defaults, k) == v]
+    assert not restated, f"YAML repeats schema defaults: {restated}"
+
+
+def test_role_swap_changes_one_role_only():
+    cfg = compose_config(["model.verifier=qwen2.5-72b"])
+    assert cfg.model.name == "tiny"
+    assert cfg.model.verifier.hub_id == "Qwen/Qwen2.5-72B-Instruct"
+    # The swapped-in preset replaces the tiny one whole: no tiny arch left behind.
+    assert cfg.model.verifier.arch is None
+    assert cfg.model.drafter.name == "tiny-drafter"
+    assert cfg.model.drafter.arch.hidden_size == 128
+    assert cfg.model.target.name == "tiny-target"
+
+
+def test_role_swap_after_a_model_preset():
+    cfg = compose_config(["model.verifier=qwen2.5-72b", "model=diffullama"])
+    assert cfg.model.name == "diffullama"
+    assert cfg.model.verifier.name == "qwen2.5-72b"
+    assert cfg.model.drafter.hub_id == "diffusionfamily/diffullama"
+
+
+def test_role_path_is_a_plain_value_and_becomes_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config(["model.drafter.path=/tmp/x", "model.target.path=ckpt/target", "run_root=out"])
+    assert cfg.model.drafter.path == "/tmp/x"
+    assert cfg.model.drafter.name == "tiny-drafter"
+    assert cfg.model.target.path == str(tmp_path / "ckpt" / "target")
+    assert cfg.run_root == str(tmp_path / "out")
+
+
+def test_model_presets_pair_the_expected_roles():
+    cfg = compose_config(["model=diffucoder"])
+    assert [cfg.model[r].name for r in ROLES] == ["qwen2.5-14b", "diffucoder-7b", "sdar-8b-b32"]
+    cfg = compose_config(["model=llada"])
+    assert cfg.model.target.hub_id == "GSAI-ML/LLaDA-8B-Instruct"
+    assert cfg.model.target.mask_token == "<|mdm_mask|>"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model.verifier.attention=sideways"], "causal, full, prefix_causal, block_causal"),
+        (["model.drafter.family=gpt"], "llama, qwen2, qwen3, dream, sdar, llada, auto"),
+        (["model.target.dtype=fp8"], "float32, bfloat16, float16"),
+        (["model.target.block_size=null"], "model.target.block_size"),
+        (["model.drafter.gamma=0"], "model.drafter.gamma=0"),
+        (["model=diffucoder", "model.verifier.hub_id=null"], "model.verifier.path"),
+        (["model.verifier.arch.num_kv_heads=3"], "num_kv_heads"),
+        (["method.loss=kl"], "streak, ce_streak, expce, distillspec, ar_distill, mdm"),
+        (["method.divergence=l2"], "fkl, rkl, jsd, tvd"),
+        (["trainer.zero_stage=1"], "0, 2, 3"),
+        (["trainer.precision=fp16"], "fp32, bf16"),
+        (["decoder.acceptance=yes"], "exact_greedy, leviathan, greedy_acceptance, multidraft_leviathan"),
+        (["decoder.selection=first"], "streak_score, longest"),
+        (["decoder.name=beam"], "vanilla, ar_draft"),
+        (["decoder.threshold=0"], "decoder.threshold"),
+        (["launcher.name=k8s"], "local, slurm, ray"),
+        (["experiment.stages=[bootstrap,nope]"], "choose from: doctor, bootstrap"),
+        (["stage=pipeline"], "experiment=tiny_e2e"),
+        (["data.mix_weights=[1.0]"], "one weight per source"),
+        (["method.name=???"], "method.name is required"),
+    ],
+)
+def test_bad_values_name_the_key_and_the_valid_choices(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["trainer.lr", "model.verifier.arch.qk_norm", "data.prompt_sources.0", "seed"])
+def test_check_key_accepts_schema_keys(key):
+    check_key(key)
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("trainer.lrr", "valid keys under 'trainer': name, zero_stage, precision, lr, min_lr_ratio"),
+        ("model.verifier.arch.hiden_size", "did you mean 'hidden_size'?"),
+        ("trainer.lr.x", "'trainer.lr' is a value, not a section"),
+        ("sed", "top-level keys"),
+    ],
+)
+def test_check_key_rejects_unknown_keys(key, expected):
+    with pytest.raises(OverrideError) as info:
+        check_key(key)
+    assert expected in str(info.value)
+
+
+def test_rewrite_leaves_flags_and_group_selections_alone():
+    args = ["--cfg", "job", "-p", "model.verifier", "-m", "model=dream", "model.verifier=llama2-13b", "hydra.verbose=1"]
+    assert rewrite_overrides(args, CONF_DIR) == [*args[:6], "checkpoint@model.verifier=llama2-13b", args[-1]]
+    # A sweep over presets is rewritten whole; Hydra expands it under -m.
+    assert rewrite_overrides(["model.drafter=dream-7b,diffucoder-7b"], CONF_DIR) == [
+        "checkpoint@model.drafter=dream-7b,diffucoder-7b"
+    ]
+
+
+def test_role_swap_to_an_unknown_preset_lists_presets():
+    with pytest.raises(OverrideError) as info:
+        compose_config(["model.target=sdar-9b"])
+    assert "sdar-8b-b32" in str(info.value) and "model.target.path" in str(info.value)
+
+
+def test_as_schema_rejects_keys_the_dataclass_lacks():
+    with pytest.raises(Exception, match="foo"):
+        as_schema({"trainer": {"foo": 1}})
+
+
+def test_a_yaml_key_outside_the_schema_fails_composition(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    (conf / "trainer" / "cpu.yaml").write_text("name: cpu\nzero_stage: 0\nprecision: fp32\nlearning_rate: 1.0\n")
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException) as info:
+            compose(config_name="config")
+    assert "learning_rate" in str(info.value.__cause__ or info.value)
+
+
+def test_hydra_keeps_the_working_directory():
+    hydra_conf = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "config.yaml"), resolve=False)["hydra"]
+    assert hydra_conf["job"]["chdir"] is False
+    # Hydra's own outputs follow run_root, so one override moves everything a run writes.
+    assert hydra_conf["run"]["dir"].startswith("${run_root}/hydra/")
