@@ -1,0 +1,25 @@
+"""The data layer: tiny-world corpora, benchmark loaders and the tiny-world tokenizer.
+
+    from streakline.data import code_texts, math_texts, load_benchmark, train_tokenizer, tiny_training_texts
+
+Ground level: imports no model code and no other streakline layer; datasets/transformers load only when used.
+"""
+
+from .benchmarks import BenchmarkError, benchmark_names, load_benchmark
+from .corpora.code import code_dataset, code_texts, corpus_fingerprint
+from .corpora.math import math_dataset, math_texts, problem
+from .tokenizer import tiny_training_texts, train_tokenizer
+
+__all__ = [
+    "BenchmarkError",
+    "benchmark_names",
+    "code_dataset",
+    "code_texts",
+    "corpus_fingerprint",
+    "load_benchmark",
+    "math_dataset",
+    "math_texts",
+    "problem",
+    "tiny_training_texts",
+    "train_tokenizer",
+]

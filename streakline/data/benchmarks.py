@@ -1,0 +1,300 @@
+"""Benchmark prompt sets: the tiny world's built-in held-out slices, and real benchmarks from a local file or cache.
+
+Every loader returns a list of records ``{"id", "prompt", "reference", "domain"}``; ``reference`` is the text a
+model is expected to produce after the prompt (``""`` when the benchmark has none, as for MT-Bench).
+
+    load_benchmark("tiny-math")                                # 200 held-out generated word problems
+    load_benchmark("tiny-code", limit=20)                      # held-out stdlib functions: header + docstring -> body
+    load_benchmark("humaneval", path="/data/humaneval.jsonl")  # a local .jsonl / .json / .parquet file
+    load_benchmark("gsm8k")                                    # only if already in the local Hugging Face cache
+
+Real benchmarks are never downloaded here: with ``path=None`` the hub id is read with the hub forced offline, and a
+``BenchmarkError`` says how to fetch the data or name a local file in ``data.prompt_sources``
+(``humaneval@/data/he.jsonl``, see ``parse_source``) when the cache lacks it.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import json
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .corpora.code import code_texts
+from .corpora.math import math_texts
+
+TINY_SIZE = 200
+BODY_LINES = (2, 30)  # inclusive bounds on a tiny-code reference, in source lines
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class BenchmarkError(ValueError):
+    """A benchmark cannot be loaded; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    """Where a real benchmark lives and which of its fields become prompt, reference and id.
+
+    Each field entry lists alternatives; the first one a file has is used (MT-Bench files name their turns either
+    ``turns`` or ``prompt``). An empty ``reference`` means the benchmark has no reference text.
+    """
+
+    name: str
+    hub_id: str
+    config: str | None
+    split: str
+    prompt: tuple[str, ...]
+    reference: tuple[str, ...]
+    id: tuple[str, ...]
+    domain: str
+
+
+REAL: dict[str, BenchmarkSpec] = {
+    s.name: s
+    for s in (
+        BenchmarkSpec("math-500", "HuggingFaceH4/MATH-500", None, "test", ("problem",), ("solution",), ("unique_id",), "math"),  # noqa: E501
+        BenchmarkSpec("humaneval", "openai/openai_humaneval", None, "test", ("prompt",), ("canonical_solution",), ("task_id",), "code"),  # noqa: E501
+        BenchmarkSpec("gpqa", "Idavidrein/gpqa", "gpqa_diamond", "train", ("Question",), ("Correct Answer",), ("Record ID",), "science"),  # noqa: E501
+        BenchmarkSpec("mt-bench", "HuggingFaceH4/mt_bench_prompts", None, "train", ("turns", "prompt"), (), ("question_id", "prompt_id"), "chat"),  # noqa: E501
+        BenchmarkSpec("gsm8k", "openai/gsm8k", "main", "test", ("question",), ("answer",), (), "math"),
+        BenchmarkSpec("mbpp", "google-research-datasets/mbpp", "full", "test", ("text",), ("code",), ("task_id",), "code"),  # noqa: E501
+    )
+}  # fmt: skip
+BUILT_IN = ("tiny-math", "tiny-code")
+
+
+def benchmark_names() -> list[str]:
+    """Every name ``load_benchmark`` accepts."""
+    return [*BUILT_IN, *REAL]
+
+
+def parse_source(source: str) -> tuple[str, str | None]:
+    """``"gsm8k"`` -> ``("gsm8k", None)``; ``"humaneval@/data/he.jsonl"`` -> ``("humaneval", "/data/he.jsonl")``.
+
+    The form ``data.prompt_sources`` entries take: a benchmark name, optionally with a local file that holds it.
+    """
+    name, sep, path = source.partition("@")
+    if sep and not path:
+        raise BenchmarkError(f"prompt source {source!r} names no file after '@'; write {name}@/path/to/file.jsonl")
+    return name, (path or None)
+
+
+def load_benchmark(name: str, *, path: str | Path | None = None, limit: int | None = None) -> list[dict[str, str]]:
+    """Records ``{"id", "prompt", "reference", "domain"}`` of benchmark ``name``, at most ``limit`` of them.
+
+    Built-in names take no ``path``. Real names read ``path`` (a .jsonl, .json or .parquet file with the benchmark's
+    own field names) or, without one, the hub copy in the local cache.
+    """
+    if limit is not None and limit < 0:
+        raise BenchmarkError(f"limit must be >= 0, got {limit}")
+    if name in BUILT_IN:
+        if path is not None:
+            raise BenchmarkError(f"{name!r} is built into the tiny world and reads no file; drop path={path!s}")
+        records = tiny_math(limit) if name == "tiny-math" else tiny_code(limit)
+    elif name in REAL:
+        spec = REAL[name]
+        rows = _read_file(Path(path)) if path is not None else _read_hub(spec)
+        records = _map_rows(spec, rows, source=str(path) if path is not None else spec.hub_id)
+    else:
+        raise BenchmarkError(f"unknown benchmark {name!r}; valid names: {', '.join(benchmark_names())}")
+    return records if limit is None else records[:limit]
+
+
+# ---------------------------------------------------------------- built-in tiny-world benchmarks
+
+
+def tiny_math(limit: int | None = None) -> list[dict[str, str]]:
+    """The first ``TINY_SIZE`` held-out problems (stream seed 0): prompt = question, reference = worked solution."""
+    n = TINY_SIZE if limit is None else min(limit, TINY_SIZE)
+    return [
+        {"id": f"tiny-math/{i}", "prompt": r["question"], "reference": r["solution"], "domain": "math"}
+        for i, r in enumerate(math_texts("heldout", n, seed=0))
+    ]
+
+
+def tiny_code(limit: int | None = None, root: str | None = None) -> list[dict[str, str]]:
+    """``TINY_SIZE`` documented held-out stdlib functions: prompt = def line(s) + docstring, reference = the body.
+
+    Functions are dedented to column 0, so ``prompt + reference`` is a complete, parseable function. The choice is
+    the first ``TINY_SIZE`` candidates in the order of a hash of their location, so any prefix is a spread sample.
+    """
+    candidates = sorted(_code_candidates(root), key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    n = TINY_SIZE if limit is None else min(limit, TINY_SIZE)
+    return candidates[:n]
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]]:
+    fn_types = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in tree.body:
+        if isinstance(node, fn_types):
+            yield node, node.name
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, fn_types):
+                    yield sub, f"{node.name}.{sub.name}"
+
+
+def _code_candidates(root: str | None = None) -> Iterator[dict[str, str]]:
+    for rec in code_texts("heldout", root):
+        try:
+            tree = ast.parse(rec["text"])
+        except SyntaxError:
+            continue
+        lines = rec["text"].splitlines(keepends=True)
+        for node, qualname in _functions(tree):
+            record = _split_function(node, lines)
+            if record is not None:
+                prompt, reference = record
+                record_id = f"tiny-code/{rec['path']}:{node.lineno}:{qualname}"
+                yield {"id": record_id, "prompt": prompt, "reference": reference, "domain": "code"}
+
+
+def _split_function(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> tuple[str, str] | None:
+    """(header + docstring, rest of body) of a documented function, dedented; None when it does not qualify."""
+    body = node.body
+    if len(body) < 2 or ast.get_docstring(node, clean=False) is None:
+        return None
+    doc, first = body[0], body[1]
+    # The docstring and the code after it must each start on their own line, or a line-based split cuts a statement.
+    if doc.lineno <= node.lineno or first.lineno <= doc.end_lineno or node.end_lineno is None:
+        return None
+    head = lines[node.lineno - 1 : doc.end_lineno]
+    tail = lines[doc.end_lineno : node.end_lineno]
+    if not BODY_LINES[0] <= len(tail) <= BODY_LINES[1]:
+        return None
+    if tail and not tail[-1].endswith("\n"):
+        tail[-1] += "\n"
+    snippet = textwrap.dedent("".join(head + tail))
+    if not snippet.lstrip("\n").startswith(("def ", "async def ")):
+        return None  # a multi-line string at column 0 blocks dedenting; such a function is skipped, not mangled
+    try:
+        ast.parse(snippet)
+    except SyntaxError:
+        return None
+    out = snippet.splitlines(keepends=True)
+    return "".join(out[: len(head)]), "".join(out[len(head) :])
+
+
+# ---------------------------------------------------------------- real benchmarks
+
+
+def _read_file(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise BenchmarkError(f"no benchmark file at {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix not in (".jsonl", ".json"):
+        raise BenchmarkError(f"cannot read {path}: expected one of {', '.join(FILE_SUFFIXES)}")
+    text = path.read_text(encoding="utf-8")
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # datasets' to_json writes JSON Lines even under a .json name; try that below
+        if isinstance(data, dict) and isinstance(data.get("data"), list):
+            data = data["data"]
+        if isinstance(data, list):
+            return _only_objects(data, path)
+        if data is not None:
+            raise BenchmarkError(f"{path} holds a JSON {type(data).__name__}; expected a list of objects")
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise BenchmarkError(f"{path}:{lineno} is not valid JSON ({e.msg})") from e
+    return _only_objects(rows, path)
+
+
+def _only_objects(rows: list[Any], path: Path) -> list[dict[str, Any]]:
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise BenchmarkError(f"{path}: record {i} is a {type(row).__name__}, not an object with named fields")
+    return rows
+
+
+@contextlib.contextmanager
+def _hub_offline() -> Iterator[None]:
+    """Force datasets and huggingface_hub offline for the duration, whatever the environment says."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
+
+
+def _read_hub(spec: BenchmarkSpec) -> list[dict[str, Any]]:
+    import datasets
+
+    args = [spec.hub_id] + ([spec.config] if spec.config else [])
+    try:
+        with _hub_offline():
+            ds = datasets.load_dataset(*args, split=spec.split)
+    except Exception as e:  # any failure here means "not usable from the cache"; the hint below is the fix
+        raise BenchmarkError(_how_to_get(spec, f"{type(e).__name__}: {e}")) from e
+    return list(ds)
+
+
+def _how_to_get(spec: BenchmarkSpec, why: str) -> str:
+    load_args = ", ".join(repr(a) for a in [spec.hub_id, spec.config] if a)
+    fields = ", ".join(f"{' or '.join(alts)}" for alts in (spec.prompt, spec.reference) if alts)
+    return (
+        f"benchmark {spec.name!r} ({spec.hub_id}) is not in the local Hugging Face cache and nothing is downloaded "
+        f"at run time ({why}). Either fetch it once on a machine with hub access: "
+        f"python -c \"import datasets; datasets.load_dataset({load_args}, split='{spec.split}')\" "
+        f"(it lands in the datasets cache that is read here), or point at a local file: "
+        f"data.prompt_sources=[{spec.name}@/path/to/{spec.name}.jsonl] (.jsonl, .json or .parquet with fields {fields})"
+    )
+
+
+def _pick(row: dict[str, Any], alternatives: tuple[str, ...]) -> str | None:
+    return next((a for a in alternatives if a in row), None)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return _text(value[0]) if value else ""  # multi-turn benchmarks: the first turn is the prompt
+    return value if isinstance(value, str) else str(value)
+
+
+def _map_rows(spec: BenchmarkSpec, rows: list[dict[str, Any]], source: str) -> list[dict[str, str]]:
+    if not rows:
+        raise BenchmarkError(f"{source} has no records for benchmark {spec.name!r}")
+    common = set(rows[0]).intersection(*rows[1:])
+    needed = {"prompt": spec.prompt, "reference": spec.reference}
+    missing = [role for role, alts in needed.items() if alts and not any(a in common for a in alts)]
+    if missing:
+        wants = "; ".join(f"{role} from {' or '.join(repr(a) for a in needed[role])}" for role in missing)
+        raise BenchmarkError(
+            f"{source} cannot serve as benchmark {spec.name!r}: its records have fields {sorted(common)}, "
+            f"but it needs {wants}"
+        )
+    prompt_key = _pick(dict.fromkeys(common), spec.prompt)
+    ref_key = _pick(dict.fromkeys(common), spec.reference)
+    id_key = _pick(dict.fromkeys(common), spec.id)
+    out = []
+    for i, row in enumerate(rows):
+        rid = _text(row[id_key]) if id_key else str(i)
+        out.append({
+            "id": f"{spec.name}/{rid}",
+            "prompt": _text(row[prompt_key]),
+            "reference": _text(row[ref_key]) if ref_key else "",
+            "domain": spec.domain,
+        })  # fmt: skip
+    return out

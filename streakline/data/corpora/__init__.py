@@ -1,0 +1,1 @@
+"""Tiny-world corpora: ``code`` (the stdlib's own sources) and ``math`` (seeded word problems)."""
