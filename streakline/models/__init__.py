@@ -6,7 +6,14 @@ Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoin
 """
 
 from .builder import build, locate
-from .checkpoint import CheckpointError, load_pretrained, read_config, save_pretrained, weight_names
+from .checkpoint import (
+    CheckpointError,
+    load_pretrained,
+    read_config,
+    save_pretrained,
+    transformers_max_diff,
+    weight_names,
+)
 from .config import ATTENTION_MODES, FAMILIES, TransformerConfig
 from .kv_cache import KVCache
 from .transformer import Transformer
@@ -23,5 +30,6 @@ __all__ = [
     "load_pretrained",
     "read_config",
     "save_pretrained",
+    "transformers_max_diff",
     "weight_names",
 ]

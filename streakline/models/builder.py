@@ -1,4 +1,6 @@
-"""From a checkpoint preset (``model.verifier``, ``model.drafter``, ``model.target``) to a model: an explicit builder (``models.build``).
+"""From a checkpoint preset (``model.verifier``, ``model.drafter``, ``model.target``) to a model.
+
+An explicit builder, ``streakline.models.build``.
 
 A preset names where the weights live and how the model behaves (see ``conf/checkpoint/``). ``locate`` finds the
 folder: ``path`` if set, else ``hub_id`` in the local Hugging Face cache (nothing is downloaded: the error says

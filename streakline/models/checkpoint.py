@@ -5,7 +5,7 @@ or, as a last resort, ``pytorch_model.bin`` loaded with ``weights_only=True``) w
 the original authors, for the families:
 
     family  config model_type  weights     attention (default)  shift
-    llama   llama              Llama       causal               no     (DiffuLLaMA: llama weights, preset says full+shift)
+    llama   llama              Llama       causal               no     (DiffuLLaMA: its preset says full + shift)
     qwen2   qwen2              Qwen2       causal               no
     qwen3   qwen3              Qwen3       causal               no
     dream   Dream              Qwen2       full                 yes    (Dream-7B, DiffuCoder-7B)
@@ -344,3 +344,35 @@ def _swap_into_place(tmp: Path, folder: Path) -> None:
     os.replace(folder, old)
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# The plain AR class whose weights a diffusion family shares: what `transformers` can load without remote code.
+BASE_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "dream": "qwen2", "sdar": "qwen3"}
+
+
+@torch.no_grad()
+def transformers_max_diff(model: Transformer, seq_len: int = 24, batch: int = 2, seed: int = 0) -> float:
+    """Export ``model`` as its base AR family, load it with ``transformers.AutoModelForCausalLM`` and return the
+    largest absolute logit difference on random ids, under the model's own attention mode (passed to
+    ``transformers`` as the equivalent 4D boolean mask). A quick proof that a checkpoint means the same thing here
+    and in the reference implementation; ``stage=doctor`` prints it."""
+    import transformers
+
+    from .masks import build_mask
+
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq_len), generator=gen).to(model.embed.weight.device)
+    pos = torch.arange(seq_len, device=ids.device).expand(batch, seq_len)
+    prefix = seq_len // 2 if cfg.attention == "prefix_causal" else None
+    mask, _ = build_mask(cfg.attention, pos, None, None, prefix_len=prefix, block_size=cfg.block_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_pretrained(model, Path(tmp) / "export", as_family=BASE_FAMILY[cfg.family])
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            Path(tmp) / "export", dtype=model.embed.weight.dtype, attn_implementation="sdpa"
+        ).to(ids.device)
+    if mask is None and cfg.attention == "full":  # our fast path builds no mask; transformers needs one
+        mask = torch.ones(batch, 1, seq_len, seq_len, dtype=torch.bool, device=ids.device)
+    theirs = hf(ids, attention_mask=mask).logits if mask is not None else hf(ids).logits
+    ours = model(ids, prefix_len=prefix)
+    return float((ours.float() - theirs.float()).abs().max())

@@ -78,7 +78,9 @@ def build_mask(
         if allowed.shape[-1] == T and past:
             allowed = torch.cat([torch.ones(B, T, past, dtype=torch.bool, device=device), allowed], dim=-1)
         if allowed.shape != (B, T, past + T):
-            raise ValueError(f"explicit mask has shape {tuple(explicit.shape)}; expected [B, T, S] = {(B, T, past + T)}")
+            raise ValueError(
+                f"explicit mask has shape {tuple(explicit.shape)}; expected [B, T, S] = {(B, T, past + T)}"
+            )
     elif mode == "causal":
         allowed = kp <= qp
     elif mode == "full":
@@ -86,7 +88,11 @@ def build_mask(
     elif mode == "prefix_causal":
         if prefix_len is None:
             raise ValueError("attention 'prefix_causal' needs prefix_len: the position where the draft window starts")
-        P = torch.as_tensor(prefix_len, device=device).reshape(-1, 1, 1) if not isinstance(prefix_len, int) else prefix_len
+        P = (
+            torch.as_tensor(prefix_len, device=device).reshape(-1, 1, 1)
+            if not isinstance(prefix_len, int)
+            else prefix_len
+        )
         allowed = (kp <= qp) | (qp >= P)
     elif mode == "block_causal":
         if not block_size:

@@ -61,8 +61,10 @@ def _tokenizer_folder(tmp_path, with_mask=True):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     specials = ["<unk>", "<|endoftext|>"] + (["<|mask|>"] if with_mask else [])
-    tok.train_from_iterator(["def f(x): return x + 1", "two plus two is four"] * 20,
-                            trainers.BpeTrainer(vocab_size=120, special_tokens=specials))
+    tok.train_from_iterator(
+        ["def f(x): return x + 1", "two plus two is four"] * 20,
+        trainers.BpeTrainer(vocab_size=120, special_tokens=specials),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
     fast.save_pretrained(tmp_path / "tok")
     return tmp_path / "tok"

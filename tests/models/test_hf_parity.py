@@ -142,3 +142,15 @@ def test_clear_errors_for_bad_folders(tmp_path):
         load_pretrained(folder)
     with pytest.raises(CheckpointError, match="qkv_bias"):
         save_pretrained(model, tmp_path / "as_llama", as_family="llama")
+
+
+@pytest.mark.parametrize(
+    "family,overrides",
+    [("qwen2", {}), ("qwen2", {"attention": "prefix_causal"}), ("dream", {}), ("sdar", {}), ("llama", {})],
+)
+def test_transformers_max_diff_is_small_for_every_mode(family, overrides):
+    from streakline.models import transformers_max_diff
+
+    model = Transformer(tiny_config(family, **overrides)).init_weights(seed=12).eval()
+    assert transformers_max_diff(model) < ATOL
+    assert transformers_max_diff(model, seq_len=5, batch=1) < ATOL  # odd length: a block split mid-way
