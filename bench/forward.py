@@ -67,8 +67,10 @@ def main() -> None:
         save_pretrained(ours, tmp)
         hf = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype, attn_implementation="sdpa")
     hf = hf.to(args.device).eval()
-    print(f"model: {cfg.num_parameters() / 1e6:.1f}M params, {args.dtype} on {args.device}, torch {torch.__version__}, "
-          f"transformers {transformers.__version__}")
+    print(
+        f"model: {cfg.num_parameters() / 1e6:.1f}M params, {args.dtype} on {args.device}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
+    )
 
     prefill_ids = torch.randint(0, args.vocab, (1, args.prefill), device=args.device)
 
