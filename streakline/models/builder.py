@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, load_pretrained
+from .checkpoint import CheckpointError, folder_family, load_pretrained
 from .config import TransformerConfig
 from .transformer import Transformer
 
@@ -103,5 +103,6 @@ def build(
     if folder is None:
         return Transformer(arch_config(preset)).init_weights(seed=seed).to(device=device, dtype=dtype)
     behaviour = _behaviour(preset)
-    family = behaviour.pop("family", None)
+    # A folder says what it is: its config.json decides the weight layout; the preset's family is the fallback.
+    family = folder_family(folder, behaviour.pop("family", None))
     return load_pretrained(folder, family=family, dtype=dtype, device=device, **behaviour)

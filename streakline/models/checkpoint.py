@@ -175,6 +175,17 @@ def read_config(folder: str | os.PathLike, family: str | None = None) -> Transfo
     )
 
 
+def folder_family(folder: str | os.PathLike, fallback: str | None = None) -> str:
+    """The family a checkpoint folder's ``config.json`` declares (its ``model_type``); ``fallback`` (e.g. the
+    preset's family) only when the model_type is not one this project knows under that name."""
+    try:
+        return read_config(folder).family
+    except CheckpointError:
+        if fallback and fallback != "auto":
+            return fallback
+        raise
+
+
 def load_state(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint folder (single file, sharded index, or a weights-only torch file)."""
     from safetensors.torch import load_file

@@ -86,11 +86,13 @@ def probe_model(node: DictConfig, role: str) -> dict[str, Any]:
     """Parameter count (from config.json for a folder: no weights are read) and, for a tiny preset, a parity check
     of freshly initialised weights against ``transformers``."""
     from streakline.models import CheckpointError, build, locate, read_config, transformers_max_diff
+    from streakline.models.checkpoint import folder_family
 
     try:
         folder = locate(node, role)
         if folder is not None:
-            return {"parameters": read_config(folder, node.family).num_parameters()}
+            family = folder_family(folder, node.family)
+            return {"parameters": read_config(folder, family).num_parameters(), "family": family}
         model = build(node, role, dtype="float32").eval()
         return {"parameters": model.config.num_parameters(), "parity_max_abs": transformers_max_diff(model)}
     except CheckpointError as err:

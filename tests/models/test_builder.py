@@ -48,6 +48,14 @@ def test_local_folder_preset_applies_preset_behaviour(tmp_path):
         torch.testing.assert_close(loaded(ids), model(ids, mode="full"), atol=0, rtol=0)
 
 
+def test_a_folder_declares_its_own_family(tmp_path):
+    """model.<role>.path=<folder>: the folder's config.json decides the layout, whatever the preset's family."""
+    model = Transformer(tiny_config("qwen3")).init_weights(seed=2)
+    folder = save_pretrained(model, tmp_path / "q3")
+    preset = {"path": str(folder), "family": "qwen2", "attention": "causal", "dtype": "float32"}
+    assert build(preset).config.family == "qwen3"
+
+
 def test_locate_errors_name_the_fix(tmp_path):
     with pytest.raises(CheckpointError, match="model.verifier.path"):
         locate({"path": str(tmp_path)}, "verifier")
