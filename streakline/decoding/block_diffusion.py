@@ -1,0 +1,330 @@
+"""Draft-free decoders for block-diffusion targets (SDAR-like): ``static`` and ``threshold`` (Fast-dLLM).
+
+A block-diffusion target attends block-causally (bidirectional inside a block of L tokens, causal across blocks),
+so a finished block's KV is exact and can be cached. A completion is decoded block by block: the current block
+starts as mask tokens, each target forward over it yields per-position distributions, a *commit rule* replaces
+some masked positions by tokens, and once nothing is masked the next block starts. These decoders are the
+reference that SPOT and Spiffy (ALGORITHMS.md sections 8-9) must reproduce token for token, and the source of
+their training / calibration data (``on_step`` sees every forward's logits).
+
+Prompt alignment: positions start at 0 at the first real prompt token and are never shifted. If the prompt ends
+mid-block, the first decoded block is the *rest of that block*: its prompt tokens sit in it unmasked, and they
+are recomputed with the block (they must see the generated tokens beside them, as a block-causal forward over
+the final sequence would let them). Only the prompt's complete blocks are prefilled.
+
+NFE convention: one target forward per commit step, nothing else. The prompt prefill is folded into the first
+forward of the first block, and storing a finished block's KV is folded into the first forward of the next block
+(that forward runs the finished block's L tokens plus the new block's L tokens). The last block's KV is never
+stored since nothing reads it. So NFE is exactly the number of commit steps, the same count that
+``decode_blocks_reference`` (no cache, one full forward per step) reports.
+
+Whole blocks are always decoded; the returned tokens are cut to ``max_new_tokens`` and after the first eos.
+
+    from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
+    res = decode_blocks(model, prompt_ids, attention_mask, BlockDecodeConfig(rule="threshold", max_new_tokens=64))
+    res.tokens, res.nfe
+
+Tests: ``python -m pytest tests/decoding/test_block_diffusion.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from streakline.models import KVCache, Transformer
+
+
+@dataclass(kw_only=True)
+class BlockDecodeConfig:
+    """Settings of one block-diffusion decode (keyword-only; ``max_new_tokens`` is required)."""
+
+    rule: str = "static"  # a key of COMMIT_RULES
+    threshold: float = 0.9  # tau of the threshold rule
+    max_new_tokens: int
+    block_size: int | None = None  # None: the model's block size (it must equal it)
+    eos_token_id: int | None = None  # None: the model config's eos (if that is None too, never stop early)
+    temperature: float = 0.0  # only 0 for now; > 0 needs coupled-noise sampling
+    log_steps: bool = False  # fill BlockDecodeResult.steps_log (costs a host sync per forward)
+
+
+@dataclass
+class BlockStep:
+    """What one forward said about the current block of every row; given to commit rules and ``on_step``.
+
+    All tensors are ``[B, L]`` except ``logits`` ``[B, L, V]``. ``commit`` / ``committed`` are filled after the rule.
+    """
+
+    block: int  # lock-step block index (0 = the block that holds the prompt's end)
+    forward: int  # 0-based index of this forward in the decode
+    tokens: torch.Tensor  # block contents before this step's commits (mask id where masked)
+    masked: torch.Tensor  # bool, positions still to decode (all False for finished rows)
+    positions: torch.Tensor  # absolute position ids
+    out_positions: torch.Tensor  # index into the row's output (negative for prompt tokens in block 0)
+    logits: torch.Tensor
+    confidence: torch.Tensor
+    candidates: torch.Tensor  # the token each position would take
+    commit: torch.Tensor | None = None  # bool, positions committed by this step
+    committed: torch.Tensor | None = None  # block contents after this step
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """``[B, L, V]`` distributions of this forward (the stale distribution a SPOT drafter reads)."""
+        return torch.softmax(_wide(self.logits), dim=-1)
+
+
+@dataclass
+class StepRecord:
+    block: int
+    positions: list[list[int]]  # per row: output indices committed in this forward
+    tokens: list[list[int]]
+    confidences: list[list[float]]
+
+
+@dataclass
+class BlockDecodeResult:
+    tokens: list[list[int]]  # per row, cut at max_new_tokens and after the first eos
+    nfe: int  # target forwards of the batch
+    nfe_per_row: list[int]  # forwards in which the row still had masked positions
+    commits_per_forward: list[int]  # positions committed per forward, summed over the batch
+    steps_log: list[StepRecord] = field(default_factory=list)
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    # Confidences are compared across positions, so keep at least fp32 (and fp64 when the model runs in it).
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _require_greedy(cfg: BlockDecodeConfig) -> None:
+    if cfg.temperature > 0:
+        raise NotImplementedError(
+            f"block decoding at temperature {cfg.temperature} needs coupled-noise sampling "
+            "(ALGORITHMS.md section 7), which is not implemented yet; use temperature=0"
+        )
+
+
+def score_logits(
+    logits: torch.Tensor, out_positions: torch.Tensor, cfg: BlockDecodeConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map a forward's logits ``[B, L, V]`` to (confidence ``[B, L]``, token ``[B, L]``) per position.
+
+    The one seam for sampling: coupled noise (T > 0) will key its Gumbel table on ``out_positions`` ``[B, L]``.
+    Temperature 0: token = argmax (ties to the lowest id), confidence = its probability.
+    """
+    _require_greedy(cfg)
+    conf, tok = torch.softmax(_wide(logits), dim=-1).max(dim=-1)
+    return conf, tok
+
+
+CommitRule = Callable[[BlockStep, BlockDecodeConfig], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _most_confident(step: BlockStep) -> torch.Tensor:
+    """``[B, L]`` bool: the single most confident masked position per row (ties to the lowest position)."""
+    conf = step.confidence.masked_fill(~step.masked, float("-inf"))
+    pick = torch.zeros_like(step.masked)
+    pick.scatter_(1, conf.argmax(dim=1, keepdim=True), True)
+    return pick & step.masked
+
+
+def commit_static(step: BlockStep, cfg: BlockDecodeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """One commit per forward: the most confident masked position. Returns (commit ``[B, L]``, tokens ``[B, L]``)."""
+    return _most_confident(step), step.candidates
+
+
+def commit_threshold(step: BlockStep, cfg: BlockDecodeConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every masked position with confidence >= tau, and at least the most confident one."""
+    over = step.masked & (step.confidence >= cfg.threshold)
+    return over | _most_confident(step), step.candidates
+
+
+# A rule returns which positions to commit and with which tokens (a verifying rule may commit tokens that are
+# not the root's candidates); the decoder only ever writes masked positions of unfinished rows.
+COMMIT_RULES: dict[str, CommitRule] = {"static": commit_static, "threshold": commit_threshold}
+
+
+def _resolve(model: Transformer, cfg: BlockDecodeConfig) -> tuple[int, int, int | None, CommitRule]:
+    mc = model.config
+    if mc.attention != "block_causal":
+        raise ValueError(f"block decoding needs a block_causal target; this model attends {mc.attention!r}")
+    L = cfg.block_size or mc.block_size
+    if L != mc.block_size:
+        raise ValueError(f"block_size {L} differs from the block size {mc.block_size} the model attends with")
+    if mc.mask_token_id is None:
+        raise ValueError("the target's config has no mask_token_id")
+    if cfg.rule not in COMMIT_RULES:
+        raise ValueError(f"unknown commit rule {cfg.rule!r}; valid: {', '.join(COMMIT_RULES)}")
+    if cfg.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    _require_greedy(cfg)  # before any forward, not at the first scoring
+    eos = cfg.eos_token_id if cfg.eos_token_id is not None else mc.eos_token_id
+    return L, mc.mask_token_id, eos, COMMIT_RULES[cfg.rule]
+
+
+def _step(
+    block: int,
+    forward: int,
+    tokens: torch.Tensor,
+    masked: torch.Tensor,
+    positions: torch.Tensor,
+    out_positions: torch.Tensor,
+    logits: torch.Tensor,
+    cfg: BlockDecodeConfig,
+    rule: CommitRule,
+) -> BlockStep:
+    """Score one forward's logits ``[B, L, V]``, apply the rule, and return the step with its commits filled in."""
+    conf, cand = score_logits(logits, out_positions, cfg)
+    step = BlockStep(block, forward, tokens, masked, positions, out_positions, logits, conf, cand)
+    commit, new = rule(step, cfg)
+    commit = commit & masked
+    if bool((masked.any(dim=1) & ~commit.any(dim=1)).any()):
+        raise RuntimeError(f"commit rule {cfg.rule!r} committed nothing for a row that still has masked positions")
+    step.commit, step.committed = commit, torch.where(commit, new, tokens)
+    return step
+
+
+def _record(step: BlockStep) -> StepRecord:
+    rows = range(step.commit.shape[0])
+    idx = [step.commit[r].nonzero().flatten() for r in rows]
+    return StepRecord(
+        block=step.block,
+        positions=[step.out_positions[r, i].tolist() for r, i in zip(rows, idx, strict=True)],
+        tokens=[step.committed[r, i].tolist() for r, i in zip(rows, idx, strict=True)],
+        confidences=[step.confidence[r, i].tolist() for r, i in zip(rows, idx, strict=True)],
+    )
+
+
+def _finish(out: list[int], eos: int | None, max_new: int) -> list[int]:
+    out = out[:max_new]
+    return out[: out.index(eos) + 1] if eos is not None and eos in out else out
+
+
+@torch.no_grad()
+def decode_blocks(
+    model: Transformer,
+    prompt_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cfg: BlockDecodeConfig,
+    *,
+    on_step: Callable[[BlockStep], None] | None = None,
+) -> BlockDecodeResult:
+    """Decode a batch block by block with the KV cache.
+
+    prompt_ids: ``[B, P]`` left-padded; attention_mask: ``[B, P]`` (1 = real token; None = no padding).
+    Rows run in lock-step over blocks; a row that finished (eos in a completed block, or max_new_tokens reached)
+    stops committing while the others continue. ``on_step`` is called after every forward with its BlockStep.
+    """
+    L, mask_id, eos, rule = _resolve(model, cfg)
+    B, P = prompt_ids.shape
+    dev = prompt_ids.device
+    valid = torch.ones(B, P, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+    prompts = [prompt_ids[r][valid[r]] for r in range(B)]
+    lens = torch.tensor([len(p) for p in prompts], device=dev)
+    full = lens // L * L  # tokens in the prompt's complete blocks: these are prefilled
+    head = (lens - full).tolist()  # prompt tokens inside the first decoded block
+    Q = int(full.max())
+    prefix = torch.full((B, Q), mask_id, dtype=torch.long, device=dev)
+    prefix_valid = torch.zeros(B, Q, dtype=torch.bool, device=dev)
+    tokens = torch.full((B, L), mask_id, dtype=torch.long, device=dev)
+    for r, p in enumerate(prompts):
+        n = int(full[r])
+        prefix[r, Q - n :], prefix_valid[r, Q - n :] = p[:n], True
+        tokens[r, : head[r]] = p[n:]
+    offs = torch.arange(L, device=dev)
+    masked = offs[None, :] >= torch.tensor(head, device=dev)[:, None]
+    start = full.clone()  # absolute position of each row's current block
+    n_blocks = max((h + cfg.max_new_tokens + L - 1) // L for h in head)
+    cache = KVCache.for_model(model, B, capacity=Q + L * (n_blocks + 1))
+
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    finished = torch.zeros(B, dtype=torch.bool, device=dev)
+    res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0] * B, commits_per_forward=[])
+    carry = None  # the previous block's final tokens, whose KV the next forward stores
+    block = 0
+    while not bool(finished.all()):
+        masked = masked & ~finished[:, None]
+        first = True
+        while bool(masked.any()):
+            pos = start[:, None] + offs
+            mask_arg = None
+            if first and block == 0 and Q:
+                ids = torch.cat([prefix, tokens], dim=1)
+                pos = torch.cat([(prefix_valid.long().cumsum(1) - 1).clamp(min=0), pos], dim=1)
+                mask_arg = torch.cat([prefix_valid, torch.ones_like(masked)], dim=1)
+            elif first and carry is not None:
+                ids = torch.cat([carry, tokens], dim=1)
+                pos = (start - L)[:, None] + torch.arange(2 * L, device=dev)
+            else:
+                ids = tokens
+            logits = model(ids, position_ids=pos, attention_mask=mask_arg, cache=cache, logits_to_keep=L)
+            # Keep the prefill / previous block just stored; the current block's KV is provisional.
+            cache.crop(cache.length - L)
+            pos = start[:, None] + offs
+            step = _step(block, res.nfe, tokens, masked, pos, pos - lens[:, None], logits, cfg, rule)
+            for r, had in enumerate(masked.any(dim=1).tolist()):
+                res.nfe_per_row[r] += int(had)
+            res.nfe += 1
+            res.commits_per_forward.append(int(step.commit.sum()))
+            if cfg.log_steps:
+                res.steps_log.append(_record(step))
+            if on_step is not None:
+                on_step(step)
+            tokens, masked, first = step.committed, masked & ~step.commit, False
+        for r in (~finished).nonzero().flatten().tolist():
+            outputs[r].extend(tokens[r, head[r] if block == 0 else 0 :].tolist())
+            if len(outputs[r]) >= cfg.max_new_tokens or (eos is not None and eos in outputs[r]):
+                finished[r] = True
+        carry, block = tokens, block + 1
+        start = start + L
+        tokens = torch.full_like(tokens, mask_id)
+        masked = torch.ones_like(masked)
+    res.tokens = [_finish(o, eos, cfg.max_new_tokens) for o in outputs]
+    return res
+
+
+@torch.no_grad()
+def decode_blocks_reference(
+    model: Transformer,
+    prompt_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cfg: BlockDecodeConfig,
+    *,
+    on_step: Callable[[BlockStep], None] | None = None,
+) -> BlockDecodeResult:
+    """Slow reference for one row (``prompt_ids`` ``[1, P]``, ``attention_mask`` ``[1, P]`` or None): no cache,
+    every forward runs the whole sequence (prompt + finished blocks + current block) block-causally from scratch."""
+    L, mask_id, eos, rule = _resolve(model, cfg)
+    if prompt_ids.shape[0] != 1:
+        raise ValueError("decode_blocks_reference decodes one row; loop over rows")
+    dev = prompt_ids.device
+    seq = prompt_ids[0][attention_mask[0].bool()] if attention_mask is not None else prompt_ids[0]
+    seq, P = seq.tolist(), len(seq)
+    res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0], commits_per_forward=[])
+    block = 0
+    while True:
+        begin = len(seq) // L * L
+        known = len(seq) - begin
+        tokens = torch.tensor([seq[begin:] + [mask_id] * (L - known)], device=dev)
+        masked = torch.arange(L, device=dev)[None] >= known
+        pos = begin + torch.arange(L, device=dev)[None]
+        while bool(masked.any()):
+            ids = torch.cat([torch.tensor([seq[:begin]], dtype=torch.long, device=dev), tokens], dim=1)
+            logits = model(ids, mode="block_causal")[:, begin:]
+            step = _step(block, res.nfe, tokens, masked, pos, pos - P, logits, cfg, rule)
+            res.nfe += 1
+            res.nfe_per_row[0] += 1
+            res.commits_per_forward.append(int(step.commit.sum()))
+            if cfg.log_steps:
+                res.steps_log.append(_record(step))
+            if on_step is not None:
+                on_step(step)
+            tokens, masked = step.committed, masked & ~step.commit
+        seq = seq[:begin] + tokens[0].tolist()
+        block += 1
+        out = seq[P:]
+        if len(out) >= cfg.max_new_tokens or (eos is not None and eos in out):
+            break
+    res.tokens = [_finish(out, eos, cfg.max_new_tokens)]
+    return res
