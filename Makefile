@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 
 demo: setup ## run the tiny world end to end (no downloads)
 	$(PY) launch.py stage=doctor model=tiny
+	$(PY) launch.py stage=bootstrap model=tiny
 
 test: setup ## run the test suite on CPU
 	$(PY) -m pytest $(PYTEST_ARGS)

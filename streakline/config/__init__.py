@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.config.overrides import OverrideError, rewrite_overrides
 from streakline.config.schema import Config, register_configs
-from streakline.config.validate import ConfigError, resolve_paths, validate
+from streakline.config.validate import ConfigError, check_world, resolve_paths, validate
 
 # conf/ sits beside the package in the source tree; the package is meant to be installed editable.
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -28,6 +28,7 @@ __all__ = [
     "ConfigError",
     "OverrideError",
     "as_schema",
+    "check_world",
     "compose_config",
     "register_configs",
     "resolve_paths",

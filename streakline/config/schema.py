@@ -89,6 +89,46 @@ class CheckpointConfig:
 
 
 @dataclass
+class PretrainConfig:
+    """How ``stage=bootstrap`` trains one model of a world built here (AdamW, warmup + cosine decay)."""
+
+    steps: int = MISSING
+    batch_size: int = MISSING  # sequences per step
+    seq_len: int = MISSING  # tokens per training sequence
+    lr: float = MISSING
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100  # steps between held-out evaluations
+    eval_batches: int = 4
+    math_share: float = 0.5  # probability that a training sequence is drawn from the math stream
+
+
+@dataclass
+class WorldConfig:
+    """The recipe of a world this project builds itself (``model=tiny``, ``model=micro``): corpora, tokenizer
+    and training of the three roles. Only model presets whose roles carry an ``arch`` have one."""
+
+    vocab_size: int = MISSING  # must equal every role's arch.vocab_size
+    n_math: int = MISSING  # generated training word problems
+    max_code_files: int | None = None  # None: every standard-library file of the train split
+    seed: int = 0
+    window: int = 16  # drafter masked-diffusion windows: slots per window
+    windows_per_seq: int = 8  # windows packed into one drafter forward (ALGORITHMS.md section 6)
+    # Next-token loss on the drafter's clean stream beside the masked-diffusion loss: real diffusion drafters start
+    # from an AR model (Dream, DiffuCoder); this gives the tiny one the same head start in the same forward.
+    drafter_ar_weight: float = 1.0
+    drafter_full_share: float = 0.5  # share of drafter windows trained fully masked, as drafting sees them
+    report_prompts: int = 16  # per benchmark, for the sanity report
+    report_new_tokens: int = 48
+    report_gamma: int = 8
+    verifier: PretrainConfig = field(default_factory=PretrainConfig)
+    drafter: PretrainConfig = field(default_factory=PretrainConfig)
+    target: PretrainConfig = field(default_factory=PretrainConfig)
+
+
+@dataclass
 class ModelConfig:
     """A pairing of three roles; ``conf/model/*.yaml`` picks a checkpoint preset for each."""
 
@@ -97,6 +137,8 @@ class ModelConfig:
     drafter: CheckpointConfig = field(default_factory=CheckpointConfig)
     # The block-diffusion target that SPOT and Spiffy accelerate.
     target: CheckpointConfig = field(default_factory=CheckpointConfig)
+    # Set for worlds that stage=bootstrap builds (tiny, micro); None for presets whose weights come from disk.
+    world: WorldConfig | None = None
 
 
 @dataclass

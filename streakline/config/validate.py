@@ -46,6 +46,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("run_root is empty; give a folder for run outputs, e.g. run_root=runs")
     for role in ROLES:
         _checkpoint(cfg, f"model.{role}")
+    if cfg.stage.name == "bootstrap":
+        check_world(cfg)
     _method(cfg)
     _data(cfg)
     _trainer(cfg)
@@ -154,6 +156,43 @@ def _arch(cfg: DictConfig, key: str) -> None:
     if arch.num_heads % arch.num_kv_heads:
         raise ConfigError(
             f"{key}.num_heads={arch.num_heads} is not a multiple of {key}.num_kv_heads={arch.num_kv_heads}"
+        )
+
+
+def check_world(cfg: DictConfig) -> None:
+    """Checks for building the world ``cfg.model`` describes: run by stage=bootstrap's validation and by
+    ``attach_world`` before any other stage builds it. Other stages may freely swap a world's roles."""
+    world = cfg.model.world
+    if world is None:
+        raise ConfigError(
+            f"stage=bootstrap builds a world this project trains itself, but model={cfg.model.name} has no "
+            "model.world recipe; use model=tiny (or model=micro for a seconds-long build)"
+        )
+    for role in ROLES:
+        arch = cfg.model[role].arch
+        if arch is None:
+            raise ConfigError(
+                f"building the {cfg.model.name} world needs all three of its models, but model.{role} "
+                f"({cfg.model[role].name}) is not one it can build; drop the model.{role} override"
+            )
+        if arch.vocab_size != world.vocab_size:
+            raise ConfigError(
+                f"model.{role}.arch.vocab_size={arch.vocab_size} differs from model.world.vocab_size="
+                f"{world.vocab_size}; the three models share the world's tokenizer"
+            )
+    for key in ("vocab_size", "n_math", "window", "windows_per_seq", "report_prompts", "report_new_tokens"):
+        _positive(cfg, f"model.world.{key}")
+    _between(cfg, "model.world.drafter_full_share", 0.0, 1.0)
+    _between(cfg, "model.world.drafter_ar_weight", 0.0, 100.0)
+    for role in ROLES:
+        for key in ("steps", "batch_size", "seq_len", "eval_every", "eval_batches"):
+            _positive(cfg, f"model.world.{role}.{key}")
+        _between(cfg, f"model.world.{role}.lr", 0.0, 1.0)
+        _between(cfg, f"model.world.{role}.math_share", 0.0, 1.0)
+    if world.window > world.drafter.seq_len // 2:
+        raise ConfigError(
+            f"model.world.window={world.window} leaves no room for a prefix in drafter sequences of "
+            f"{world.drafter.seq_len} tokens; keep it at most half of model.world.drafter.seq_len"
         )
 
 

@@ -23,6 +23,8 @@ from streakline.config.schema import (
     ArchConfig,
     CheckpointConfig,
     Config,
+    ModelConfig,
+    WorldConfig,
 )
 
 # Groups selected directly with group=option; checkpoint presets are only reached through the roles.
@@ -87,8 +89,13 @@ def _default(defaults, key):
 def test_yaml_only_overrides_schema_defaults(group):
     """conf/ must not restate a dataclass default (DESIGN.md: the schema owns defaults)."""
     schema = GROUP_SCHEMAS[group]
-    # arch defaults to None in a checkpoint; its fields' defaults are ArchConfig's.
-    defaults = OmegaConf.structured(schema(arch=ArchConfig()) if schema is CheckpointConfig else schema)
+    # arch (checkpoint) and world (model) default to None; their fields' defaults are their dataclasses'.
+    if schema is CheckpointConfig:
+        defaults = OmegaConf.structured(schema(arch=ArchConfig()))
+    elif schema is ModelConfig:
+        defaults = OmegaConf.structured(schema(world=WorldConfig()))
+    else:
+        defaults = OmegaConf.structured(schema)
     restated = []
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         data = OmegaConf.to_container(OmegaConf.load(path))

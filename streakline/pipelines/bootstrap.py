@@ -1,0 +1,242 @@
+"""Stage ``bootstrap``: build the tiny world (tokenizer, verifier, diffusion drafter, block-diffusion target).
+
+    python launch.py stage=bootstrap                 # model=tiny: about 12 minutes cold on 2 cores, seconds when cached
+    python launch.py stage=bootstrap model=micro     # the same code path in seconds (tests)
+
+The world lives in ``<run_root>/world/bootstrap/<hash>/`` (shared by every experiment), keyed by the model preset
+(architectures and the ``model.world`` recipe) and the standard-library fingerprint. A complete folder whose files
+still match the checksums in its manifest is reused; a damaged or partial one is rebuilt. Other stages call
+``attach_world(cfg)`` to point the tiny roles at the built checkpoints (building them first if needed).
+
+Recipe (sizes, steps and learning rates come from ``conf/model/<world>.yaml``):
+  1. a byte-level BPE tokenizer on the code + math training texts;
+  2. the verifier, causal LM on a code/math mix;
+  3. the drafter, masked diffusion on packed draft windows (``prefix_causal``);
+  4. the target, block diffusion (``block_causal``);
+  5. the sanity report (``report.json``): held-out loss/accuracy, the drafter's simulated streak against the
+     verifier's greedy continuations, the target's forwards per token under static and threshold decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from streakline import __version__
+from streakline.alignment.pretrain import block_diffusion_loss, causal_lm_loss, mdm_window_loss, pretrain
+from streakline.artifacts import StageRun, config_hash, find_complete, read_manifest, write_json_atomic
+from streakline.config import check_world
+from streakline.data import code_texts, corpus_fingerprint, math_texts, train_tokenizer
+from streakline.data.streams import TokenStream, mixed_batch
+from streakline.models import build, save_pretrained
+from streakline.models.tokenizer import load_tokenizer, mask_token_id
+
+from .world_report import format_report, sanity_report
+
+WORLD_EXPERIMENT = "world"
+STAGE = "bootstrap"
+ROLES = ("verifier", "drafter", "target")
+# Bump when the recipe's code changes what a config produces, so old caches are not mistaken for new ones.
+RECIPE_VERSION = 2
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    folder = ensure_world(cfg)
+    report = read_manifest(folder).metrics["report"]
+    print(format_report(report, folder))
+    return {"dir": str(folder), "report": report}
+
+
+def world_key(cfg: DictConfig) -> dict[str, Any]:
+    """What the world depends on: the model preset without paths, the stdlib corpus and the recipe version."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    for role in ROLES:
+        model[role]["path"] = model[role]["tokenizer"] = None
+    return {"model": model, "corpus": corpus_fingerprint(), "recipe": RECIPE_VERSION}
+
+
+def ensure_world(cfg: DictConfig, progress: bool = True) -> Path:
+    """The folder of the world ``cfg.model`` describes: reused when intact, (re)built otherwise."""
+    key = world_key(cfg)
+    digest = config_hash(key)
+    found = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, digest)
+    if found is not None:
+        problem = _damage(found)
+        if problem is None:
+            return found
+        print(f"bootstrap: the cached world at {found} is damaged ({problem}); rebuilding it")
+    return _build(cfg, key, progress)
+
+
+def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
+    """Point each role of a built world at its checkpoint (and tokenizer) folder, building the world if needed.
+
+    Roles given a ``path`` on the command line (``model=tiny model.drafter.path=runs/.../drafter``) keep it: the
+    world's hash ignores paths, so the same world is found. Presets without a world pass through untouched.
+    """
+    if cfg.model.world is None:
+        return cfg
+    check_world(cfg)
+    folder = ensure_world(cfg, progress)
+    for role in ROLES:
+        if cfg.model[role].path is None:
+            cfg.model[role].path = str(folder / role)
+            cfg.model[role].tokenizer = str(folder / "tokenizer")
+    return cfg
+
+
+def _files(folder: Path) -> dict[str, str]:
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_file() and not rel.startswith("manifest") and rel != "metrics.jsonl":
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _damage(folder: Path) -> str | None:
+    expected = read_manifest(folder).metrics.get("files", {})
+    if not expected:
+        return "its manifest lists no file checksums"
+    actual = _files(folder)
+    for rel, digest in expected.items():
+        if rel not in actual:
+            return f"{rel} is missing"
+        if actual[rel] != digest:
+            return f"{rel} does not match its checksum"
+    return None
+
+
+def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
+    world = cfg.model.world
+    torch.manual_seed(world.seed)
+    stale = Path(cfg.run_root) / WORLD_EXPERIMENT / STAGE / config_hash(key)
+    if stale.exists():  # a partial or damaged build: nothing in it can be trusted
+        shutil.rmtree(stale)
+    timings: dict[str, float] = {}
+    with StageRun(cfg.run_root, WORLD_EXPERIMENT, STAGE, key) as run:
+        out = run.dir
+        metrics_path = out / "metrics.jsonl"
+        print(f"bootstrap: building the {cfg.model.name} world in {out}")
+
+        t = time.perf_counter()
+        code_train = [d["text"] for d in _limited(code_texts("train"), world.max_code_files)]
+        math_train = [d["text"] for d in math_texts("train", world.n_math, seed=world.seed)]
+        train_tokenizer(code_train + math_train, out / "tokenizer", vocab_size=world.vocab_size)
+        tokenizer = load_tokenizer(out / "tokenizer")
+        mask_id = mask_token_id(tokenizer, cfg.model.drafter.mask_token, role="drafter")
+        code_held = [d["text"] for d in _limited(code_texts("heldout"), world.max_code_files)]
+        math_held = [d["text"] for d in math_texts("heldout", max(64, world.report_prompts), seed=world.seed)]
+        # Word problems are short: windows start at a problem so its question is in view; source files are long.
+        streams = {
+            split: [
+                TokenStream.from_texts(code, tokenizer, "code"),
+                TokenStream.from_texts(math, tokenizer, "math", aligned=True),
+            ]
+            for split, code, math in (("train", code_train, math_train), ("heldout", code_held, math_held))
+        }
+        timings["tokenizer_and_data"] = time.perf_counter() - t
+        models, evals = {}, {}
+        for i, role in enumerate(ROLES):
+            t = time.perf_counter()
+            pcfg = world[role]
+            model = build(cfg.model[role], role, dtype="float32", seed=world.seed + i)
+            model.config.mask_token_id = mask_id
+            model.config.eos_token_id = tokenizer.eos_token_id
+            model.config.pad_token_id = tokenizer.pad_token_id
+            gen = torch.Generator().manual_seed(world.seed * 1000 + i)
+            step_loss = _objective(role, world, mask_id, gen)
+            evals[role] = pretrain(
+                model,
+                name=role,
+                pcfg=pcfg,
+                next_batch=lambda p=pcfg, g=gen: mixed_batch(
+                    streams["train"], [1 - p.math_share, p.math_share], p.batch_size, p.seq_len, g
+                ),
+                step_loss=step_loss,
+                evaluate=_evaluator(role, world, streams["heldout"], mask_id, pcfg),
+                metrics_path=metrics_path,
+                progress=progress,
+            )
+            save_pretrained(model, out / role, tokenizer=tokenizer)
+            models[role] = model
+            timings[role] = time.perf_counter() - t
+        t = time.perf_counter()
+        report = sanity_report(models, tokenizer, world, evals)
+        timings["report"] = time.perf_counter() - t
+        report["seconds"] = timings
+        report["streakline"] = __version__
+        write_json_atomic(out / "report.json", report)
+        for name in ("tokenizer", *ROLES, "report.json", "metrics.jsonl"):
+            run.add_output(name)
+        run.metrics["report"] = report
+        run.metrics["files"] = _files(out)
+    return run.dir
+
+
+def _limited(items, limit: int | None) -> list:
+    items = list(items)
+    return items if limit is None else items[:limit]
+
+
+def _objective(role: str, world, mask_id: int, gen: torch.Generator):
+    if role == "verifier":
+        return causal_lm_loss
+    if role == "drafter":
+        return lambda m, b: mdm_window_loss(
+            m,
+            b,
+            gen,
+            width=world.window,
+            windows=world.windows_per_seq,
+            mask_id=mask_id,
+            full_share=world.drafter_full_share,
+            ar_weight=world.drafter_ar_weight,
+        )
+    return lambda m, b: block_diffusion_loss(m, b, gen, mask_id=mask_id)
+
+
+def _evaluator(role: str, world, heldout: list[TokenStream], mask_id: int, pcfg):
+    """Held-out metrics per domain, on the same windows (and noise) at every evaluation."""
+
+    def evaluate(model) -> dict[str, float]:
+        metrics = {}
+        for k, stream in enumerate(heldout):
+            gen = torch.Generator().manual_seed(10_000 + k)
+            losses, accs = [], []
+            for _ in range(pcfg.eval_batches):
+                batch = stream.sample(pcfg.batch_size, pcfg.seq_len, gen)
+                if role == "verifier":
+                    logits = model(batch[:, :-1]).float()
+                    losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()))
+                    accs.append((logits.argmax(-1) == batch[:, 1:]).float().mean())
+                elif role == "drafter":
+                    loss, _ = mdm_window_loss(
+                        model, batch, gen, width=world.window, windows=world.windows_per_seq, mask_id=mask_id
+                    )
+                    _, acc = mdm_window_loss(
+                        model,
+                        batch,
+                        gen,
+                        width=world.report_gamma,
+                        windows=world.windows_per_seq,
+                        mask_id=mask_id,
+                        full_mask=True,
+                    )
+                    losses.append(loss)
+                    accs.append(acc)
+                else:
+                    loss, acc = block_diffusion_loss(model, batch, gen, mask_id=mask_id)
+                    losses.append(loss)
+                    accs.append(acc)
+            metrics[f"{stream.name}_loss"] = float(torch.stack(losses).mean())
+            metrics[f"{stream.name}_accuracy"] = float(torch.stack(accs).mean())
+        return metrics
+
+    return evaluate
