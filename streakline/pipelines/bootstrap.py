@@ -1,6 +1,6 @@
 """Stage ``bootstrap``: build the tiny world (tokenizer, verifier, diffusion drafter, block-diffusion target).
 
-    python launch.py stage=bootstrap                 # model=tiny: about 12 minutes cold on 2 cores, seconds when cached
+    python launch.py stage=bootstrap                 # model=tiny: 14-15 minutes cold on 2 cores, 3 s when cached
     python launch.py stage=bootstrap model=micro     # the same code path in seconds (tests)
 
 The world lives in ``<run_root>/world/bootstrap/<hash>/`` (shared by every experiment), keyed by the model preset
