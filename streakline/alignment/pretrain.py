@@ -33,10 +33,14 @@ from .windows import pack_windows
 MDM_EPS = 1e-3  # smallest mask rate: keeps the 1/t weight bounded
 
 
-def causal_lm_loss(model: Transformer, ids: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Mean next-token cross-entropy of ``ids`` ``[B, T]``."""
-    logits = model(ids[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+def causal_lm_loss(
+    model: Transformer, ids: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean next-token cross-entropy of ``ids`` ``[B, T]`` and next-token accuracy."""
+    logits = model(ids[:, :-1]).float()
+    targets = ids[:, 1:]
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    return loss, (logits.argmax(-1) == targets).float().mean()
 
 
 def _window_noise(

@@ -213,9 +213,9 @@ def _evaluator(role: str, world, heldout: list[TokenStream], mask_id: int, pcfg)
             for _ in range(pcfg.eval_batches):
                 batch = stream.sample(pcfg.batch_size, pcfg.seq_len, gen)
                 if role == "verifier":
-                    logits = model(batch[:, :-1]).float()
-                    losses.append(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()))
-                    accs.append((logits.argmax(-1) == batch[:, 1:]).float().mean())
+                    loss, acc = causal_lm_loss(model, batch)
+                    losses.append(loss)
+                    accs.append(acc)
                 elif role == "drafter":
                     loss, _ = mdm_window_loss(
                         model, batch, gen, width=world.window, windows=world.windows_per_seq, mask_id=mask_id
