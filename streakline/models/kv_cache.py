@@ -111,12 +111,26 @@ class KVCache:
         self.valid[:, length : self.length] = False
         self.length = length
 
-    def gather(self, index: torch.Tensor, start: int, keep: torch.Tensor | None = None) -> None:
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows ``index`` (``[B']`` long), in that order: finished rows leave the batch."""
+        idx = index.to(self.k.device)
+        self.k, self.v = self.k[:, idx], self.v[:, idx]
+        self.pos, self.valid = self.pos[idx], self.valid[idx]
+
+    def gather(
+        self,
+        index: torch.Tensor,
+        start: int,
+        keep: torch.Tensor | None = None,
+        copy=None,
+    ) -> None:
         """Keep, per row, the slots ``index[b]`` (absolute slot ids ``>= start``) at ``start .. start+n``.
 
         index: ``[B, n]`` long; keep: optional ``[B, n]`` bool, False for entries a row does not keep (its slot is
         written but masked out, so rows that accepted fewer tokens stay aligned with the others).
         Everything past ``start + n`` is dropped. Used to commit the accepted path of a verified draft tree.
+        copy: optional ``copy(k, v, index, start)`` doing the K/V move in place (the decoder passes the tree-path
+        compaction kernel); the default gathers into a temporary, which is safe for any index.
         """
         B, n = index.shape
         if B != self.batch_size:
@@ -125,10 +139,13 @@ class KVCache:
             raise ValueError(f"gather indices must lie in [{start}, {self.length})")
         L, _, H, _, D = self.k.shape
         idx = index.to(self.k.device)
-        kv_idx = idx[None, :, None, :, None].expand(L, B, H, n, D)
-        for name in ("k", "v"):
-            t = getattr(self, name)
-            t[:, :, :, start : start + n] = torch.gather(t, 3, kv_idx)
+        if copy is not None:
+            copy(self.k, self.v, idx, start)
+        else:
+            kv_idx = idx[None, :, None, :, None].expand(L, B, H, n, D)
+            for name in ("k", "v"):
+                t = getattr(self, name)
+                t[:, :, :, start : start + n] = torch.gather(t, 3, kv_idx)
         self.pos[:, start : start + n] = torch.gather(self.pos, 1, idx)
         valid = torch.gather(self.valid, 1, idx)
         if keep is not None:

@@ -95,3 +95,17 @@ def test_gather_rejects_out_of_range_slots():
         model(_ids(1, 4), cache=cache)
     with pytest.raises(ValueError, match="gather indices"):
         cache.gather(torch.tensor([[4]]), start=2)
+
+
+def test_keep_rows_drops_finished_rows_and_the_rest_decode_on():
+    model = Transformer(tiny_config("qwen2")).init_weights(seed=5).eval()
+    prompts = torch.randint(0, VOCAB, (3, 6), generator=torch.Generator().manual_seed(2))
+    cache = KVCache.for_model(model, 3, 16)
+    with torch.no_grad():
+        model(prompts, cache=cache)
+        cache.keep_rows(torch.tensor([2, 0]))
+        nxt = torch.tensor([[4], [9]])
+        got = model(nxt, cache=cache)[:, -1]
+        want = model(torch.cat([prompts[[2, 0]], nxt], 1))[:, -1]
+    assert cache.batch_size == 2
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

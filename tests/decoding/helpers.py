@@ -1,0 +1,39 @@
+"""Hand-built verifier / drafter pairs for the decoder tests: small vocabularies so drafts are sometimes right.
+
+- ``verifier(seed)``: a random causal model with sharp logits (std 0.1 weights, so argmax near-ties are rare).
+- ``shifted_copy(model, mode)``: a diffusion drafter sharing the verifier's weights, shifted, so slot 1 is read from
+  the last context token, i.e. the verifier's own next-token logit: slot 1 is always right at temperature 0 and the
+  later slots (read at mask tokens) only sometimes. Exercises acceptance, self-selection and the KV path moves.
+- ``random_drafter(seed, ...)``: an unrelated drafter, whose drafts are almost never right.
+"""
+
+import copy
+from dataclasses import replace
+
+from streakline.models import Transformer
+from tests.models.helpers import tiny_config
+
+V = 13  # small: random chains match the verifier often enough to exercise every branch
+MASK = V - 1
+
+
+def verifier(seed: int = 0, vocab: int = V) -> Transformer:
+    return Transformer(tiny_config("qwen2", vocab_size=vocab)).init_weights(seed=seed, std=0.1).eval()
+
+
+def shifted_copy(model: Transformer, mode: str = "prefix_causal") -> Transformer:
+    drafter = copy.deepcopy(model)
+    drafter.config = replace(model.config, attention=mode, shift=True, mask_token_id=model.config.vocab_size - 1)
+    return drafter
+
+
+def random_drafter(seed: int = 1, mode: str = "prefix_causal", shift: bool = False, vocab: int = V) -> Transformer:
+    cfg = tiny_config("qwen2", vocab_size=vocab, attention=mode, shift=shift, mask_token_id=vocab - 1)
+    return Transformer(cfg).init_weights(seed=seed, std=0.1).eval()
+
+
+def causal_copy(model: Transformer, seed: int | None = None) -> Transformer:
+    """The verifier itself as an AR drafter (always right at T=0), or a fresh random causal model for ``seed``."""
+    if seed is None:
+        return copy.deepcopy(model)
+    return Transformer(model.config).init_weights(seed=seed, std=0.1).eval()

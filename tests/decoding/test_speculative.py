@@ -1,0 +1,125 @@
+"""Temperature 0: every decoder, every K, batch 1 and 4 reproduces the verifier's own greedy output token for token.
+
+The reference is ``greedy_generate`` (itself checked against full recomputation in ``test_vanilla.py``) and, on the
+same weights exported to a Hugging Face folder, ``transformers``' greedy ``generate``.
+"""
+
+import pytest
+import torch
+
+from streakline.decoding.drafters import ARDrafter, DiffusionDrafter
+from streakline.decoding.speculative import SpecConfig, generate
+from streakline.decoding.vanilla import greedy_generate
+from streakline.models import save_pretrained
+from tests.decoding.helpers import V, causal_copy, random_drafter, shifted_copy, verifier
+
+N_NEW = 20
+
+
+def _prompts(batch: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 1, 9, 3][:batch]  # ragged on purpose, with a one-token prompt
+    return [torch.randint(0, V - 1, (n,), generator=g).tolist() for n in lengths]
+
+
+def _drafters(model):
+    yield "vanilla", None, 1
+    yield "ar_oracle", ARDrafter(causal_copy(model)), 1
+    yield "ar_random", ARDrafter(causal_copy(model, seed=7)), 1
+    for K in (1, 2, 4, 8):
+        yield f"diffusion_shifted_K{K}", DiffusionDrafter(shifted_copy(model), temperature=1.5), K
+    yield "diffusion_shifted_full_K3", DiffusionDrafter(shifted_copy(model, "full"), temperature=1.0), 3
+    yield "diffusion_random_K4", DiffusionDrafter(random_drafter(seed=5), temperature=1.5), 4
+    yield "diffusion_random_full_shifted_K2", DiffusionDrafter(random_drafter(5, "full", shift=True)), 2
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_every_decoder_reproduces_greedy(batch):
+    model = verifier(seed=0)
+    prompts = _prompts(batch)
+    want = greedy_generate(model, prompts, N_NEW)
+    for name, drafter, K in _drafters(model):
+        for acceptance in ("greedy_acceptance", "leviathan", "multidraft_leviathan", "exact_greedy"):
+            if acceptance == "leviathan" and K > 1:
+                continue
+            cfg = SpecConfig(max_new_tokens=N_NEW, gamma=4, K=K, acceptance=acceptance, temperature=0.0)
+            res = generate(model, prompts, cfg, drafter=drafter)
+            assert res.tokens == want, (name, acceptance)
+            m = res.metrics
+            assert m.new_tokens == batch * N_NEW
+            assert m.cycles * (1 if drafter else 1) >= m.new_tokens / (cfg.gamma + 1)
+            if drafter is None:
+                assert m.cycles == m.new_tokens and m.drafter_forwards == 0
+            if acceptance != "greedy_acceptance":
+                break  # the other rules all reduce to exact-greedy at T=0; one check per drafter is enough
+
+
+def test_drafts_are_accepted_and_self_selection_picks_other_chains():
+    """The shifted copy's slot 1 is the verifier's argmax, so every cycle accepts >= 1 token; with K=8 chains some
+    cycles must pick a chain other than the argmax chain 0 (its later slots matched by chance)."""
+    model = verifier(seed=0)
+    prompts = _prompts(4, seed=1)
+    res = generate(
+        model, prompts, SpecConfig(max_new_tokens=40, gamma=4, K=8), drafter=DiffusionDrafter(shifted_copy(model))
+    )
+    m = res.metrics
+    assert res.tokens == greedy_generate(model, prompts, 40)
+    assert m.alpha[0] == 1.0  # slot 1 always right
+    assert m.accepted_per_cycle >= 1.0 and m.tokens_per_verifier_call >= 2.0
+    assert sum(m.chosen[1:]) > 0, m.chosen
+    oracle = generate(model, prompts, SpecConfig(max_new_tokens=40, gamma=4), drafter=ARDrafter(causal_copy(model)))
+    assert oracle.tokens == res.tokens
+    assert oracle.metrics.alpha == [1.0] * 4  # the verifier drafting for itself is always accepted
+    assert oracle.metrics.drafter_forwards == 4 * oracle.metrics.nfe - 4  # gamma per cycle, no prefill
+
+
+def test_stop_criteria_eos_and_stop_strings():
+    model = verifier(seed=2)
+    prompts = _prompts(4, seed=3)
+    free = greedy_generate(model, prompts, N_NEW)
+    eos = free[0][5]
+    res = generate(
+        model,
+        prompts,
+        SpecConfig(max_new_tokens=N_NEW, gamma=3, K=2, eos_token_id=eos),
+        drafter=DiffusionDrafter(shifted_copy(model)),
+    )
+    for got, full in zip(res.tokens, free, strict=True):
+        want = full[: full.index(eos) + 1] if eos in full else full
+        assert got == want
+
+
+def test_matches_transformers_generate(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = verifier(seed=4)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(save_pretrained(model, tmp_path / "v")).eval()
+    prompts = _prompts(4, seed=5)
+    ours = generate(
+        model, prompts, SpecConfig(max_new_tokens=N_NEW, gamma=4, K=4), drafter=DiffusionDrafter(shifted_copy(model))
+    )
+    for prompt, got in zip(prompts, ours.tokens, strict=True):
+        with torch.no_grad():
+            ids = torch.tensor(
+                [prompt]
+            )  # explicit mask: these prompts contain id 0, which generate() takes for padding
+            out = hf.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False, eos_token_id=None
+            )
+        assert got == out[0, len(prompt) :].tolist()
+
+
+def test_bad_settings_are_refused():
+    model = verifier()
+    with pytest.raises(ValueError, match="K=1"):
+        generate(model, [[1, 2]], SpecConfig(max_new_tokens=4, K=2), drafter=ARDrafter(causal_copy(model)))
+    with pytest.raises(ValueError, match="multidraft_leviathan"):
+        generate(
+            model,
+            [[1]],
+            SpecConfig(max_new_tokens=4, K=3, temperature=1.0, acceptance="leviathan"),
+            drafter=DiffusionDrafter(shifted_copy(model)),
+        )
+    with pytest.raises(ValueError, match="unknown acceptance"):
+        generate(model, [[1]], SpecConfig(max_new_tokens=4, acceptance="best"))
+    with pytest.raises(ValueError, match="decoder=ar_draft"):
+        DiffusionDrafter(causal_copy(model))
