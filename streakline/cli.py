@@ -52,11 +52,13 @@ def _app(cfg: DictConfig) -> None:
     resolve_paths(cfg)
 
     # Only the entry point may import pipelines/ (DESIGN.md, Layout).
+    from streakline.models import CheckpointError
     from streakline.pipelines import StageNotBuiltError, run_stage
 
     try:
         run_stage(cfg)
-    except StageNotBuiltError as err:
+    except (StageNotBuiltError, ConfigError, CheckpointError) as err:
+        # input the user can fix (a bad combination of settings, a missing checkpoint): a message, not a traceback
         _fail(str(err))
 
 

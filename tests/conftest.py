@@ -15,3 +15,15 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def micro_world(tmp_path_factory):
+    """``(run_root, cfg, result)`` of ``stage=bootstrap model=micro``: built once (about a minute on 2 cores) and
+    shared by the stage tests. A test that damages it must leave it rebuilt (the bootstrap cache tests do)."""
+    from streakline.config import compose_config
+    from streakline.pipelines import run_stage
+
+    root = tmp_path_factory.mktemp("micro_runs")
+    cfg = compose_config(["stage=bootstrap", "model=micro", f"run_root={root}"])
+    return root, cfg, run_stage(cfg)

@@ -248,6 +248,9 @@ class Config:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0
+    # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
 
 
 # The dataclass behind each config group folder, for tools that check a YAML file against its schema.

@@ -251,6 +251,10 @@ def _decoder(cfg: DictConfig) -> None:
         _at_least(cfg, f"decoder.{key}", 0)
     _positive(cfg, "decoder.threshold")
     _between(cfg, "decoder.threshold", 0.0, 1.0)
+    if cfg.prompt is not None and not cfg.prompt:
+        raise ConfigError('prompt is empty; give some text, e.g. prompt="Sam has 3 apples."')
+    if cfg.prompt_ids is not None and (not cfg.prompt_ids or min(cfg.prompt_ids) < 0):
+        raise ConfigError("prompt_ids needs at least one non-negative token id, e.g. prompt_ids=[12,7,99]")
 
 
 def _launcher(cfg: DictConfig) -> None:

@@ -78,17 +78,26 @@ def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
     """Point each role of a built world at its checkpoint (and tokenizer) folder, building the world if needed.
 
     Roles given a ``path`` on the command line (``model=tiny model.drafter.path=runs/.../drafter``) keep it: the
-    world's hash ignores paths, so the same world is found. Presets without a world pass through untouched.
+    world's hash ignores paths, so the same world is found. Such a role reads its tokenizer from its folder, or from
+    the world's tokenizer folder when its folder holds none. Presets without a world pass through untouched.
     """
     if cfg.model.world is None:
         return cfg
     check_world(cfg)
     folder = ensure_world(cfg, progress)
     for role in ROLES:
-        if cfg.model[role].path is None:
-            cfg.model[role].path = str(folder / role)
-            cfg.model[role].tokenizer = str(folder / "tokenizer")
+        node = cfg.model[role]
+        if node.path is None:
+            node.path = str(folder / role)
+            node.tokenizer = str(folder / "tokenizer")
+        elif node.tokenizer is None and not has_tokenizer(node.path):
+            # e.g. a folder written by transformers' model.save_pretrained, which saves no tokenizer
+            node.tokenizer = str(folder / "tokenizer")
     return cfg
+
+
+def has_tokenizer(folder: str | Path) -> bool:
+    return any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def _files(folder: Path) -> dict[str, str]:

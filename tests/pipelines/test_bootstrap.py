@@ -23,11 +23,8 @@ def _cfg(root, *extra):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
-    cfg = _cfg(root)
-    result = run_stage(cfg)
-    return root, cfg, result
+def built(micro_world):
+    return micro_world
 
 
 def test_every_model_learns_on_heldout_data(built):

@@ -1,0 +1,61 @@
+"""The decoders by name, and how a ``decoder`` config turns into a ready decode call.
+
+    spec, drafter = speculative_setup(cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, seed=0)
+    result = generate(verifier, prompts, spec, drafter=drafter)
+
+| name | what runs | needs |
+|---|---|---|
+| ``vanilla`` | the verifier alone, one forward per token | verifier |
+| ``ar_draft`` | a causal drafter proposes gamma tokens autoregressively | verifier + drafter |
+| ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
+| ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
+| ``spot`` / ``spiffy`` | block-diffusion speculative decoding (issue 7) | target |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .drafters import ARDrafter, DiffusionDrafter
+from .speculative import SpecConfig
+
+SPECULATIVE = {"vanilla": None, "ar_draft": ARDrafter, "diffusion_draft": DiffusionDrafter}
+BLOCK = ("static", "threshold")
+NOT_BUILT = ("spot", "spiffy")
+
+
+def speculative_setup(
+    decoder: Any,
+    drafter_model=None,
+    *,
+    gamma_default: int | None = None,
+    eos_token_id=None,
+    seed: int = 0,
+) -> tuple[SpecConfig, ARDrafter | DiffusionDrafter | None]:
+    """``SpecConfig`` and drafter for a ``decoder`` config (``DecoderConfig`` or its DictConfig)."""
+    name = decoder.name
+    if name in NOT_BUILT:
+        raise NotImplementedError(f"decoder={name} is not built yet in this version (block-diffusion SPOT/Spiffy)")
+    if name not in SPECULATIVE:
+        raise ValueError(f"decoder={name} is not a speculative decoder; valid: {', '.join(SPECULATIVE)}")
+    kind = SPECULATIVE[name]
+    if name == "ar_draft" and decoder.K > 1:
+        raise ValueError(f"ar_draft proposes one chain per cycle; got decoder.K={decoder.K} (use diffusion_draft)")
+    drafter = None
+    if kind is not None:
+        if drafter_model is None:
+            raise ValueError(f"decoder={name} needs a drafter model")
+        drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k or None)
+    gamma = decoder.gamma if decoder.gamma is not None else gamma_default
+    spec = SpecConfig(
+        max_new_tokens=decoder.max_new_tokens,
+        gamma=gamma or 0,
+        K=decoder.K,
+        temperature=decoder.temperature,
+        acceptance=decoder.acceptance,
+        selection=decoder.selection,
+        eos_token_id=eos_token_id,
+        stop_strings=tuple(decoder.stop_strings),
+        seed=seed,
+    )
+    return spec, drafter

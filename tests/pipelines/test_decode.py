@@ -1,0 +1,109 @@
+"""stage=decode on the micro world: every decoder prints text and a last JSON line; T=0 outputs agree; bad input
+gets a message naming the fix."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streakline.config import ConfigError, compose_config
+from streakline.pipelines import run_stage
+from streakline.pipelines.bootstrap import attach_world
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "Sam has 3 apples."
+
+
+@pytest.fixture(scope="module")
+def world_root(micro_world):
+    return micro_world[0]
+
+
+def _decode(root, *overrides):
+    cfg = compose_config(["stage=decode", "model=micro", f"run_root={root}", "decoder.max_new_tokens=12", *overrides])
+    return run_stage(cfg)
+
+
+def test_every_decoder_prints_text_and_a_json_line(world_root, capsys):
+    lines = {}
+    for decoder in ("vanilla", "ar_draft", "diffusion_draft", "threshold"):
+        extra = ["decoder.K=2"] if decoder == "diffusion_draft" else []
+        result = _decode(world_root, f"decoder={decoder}", f"prompt={PROMPT}", *extra)
+        out = capsys.readouterr().out.strip().splitlines()
+        last = json.loads(out[-1])
+        assert last == json.loads(json.dumps(result))
+        assert out[0].startswith(PROMPT)
+        assert 1 <= len(last["token_ids"]) <= 12 and last["nfe"] >= 1
+        lines[decoder] = last
+    # lossless at temperature 0: the speculative decoders reproduce the verifier's greedy output
+    assert lines["ar_draft"]["token_ids"] == lines["vanilla"]["token_ids"]
+    assert lines["diffusion_draft"]["token_ids"] == lines["vanilla"]["token_ids"]
+    assert lines["vanilla"]["tokens_per_verifier_call"] == 1.0
+    assert len(lines["diffusion_draft"]["alpha"]) == 4  # the micro drafter's gamma
+
+
+def test_prompt_ids_and_a_transformers_saved_verifier(world_root, tmp_path, capsys):
+    transformers = pytest.importorskip("transformers")
+    first = _decode(world_root, "decoder=vanilla", "prompt_ids=[5,6,7,8]")
+    capsys.readouterr()
+    cfg = attach_world(compose_config(["stage=decode", "model=micro", f"run_root={world_root}", "prompt=x"]), False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(cfg.model.verifier.path)
+    hf.save_pretrained(tmp_path / "hf")  # a folder written by transformers itself, not by us
+    again = _decode(
+        world_root, "decoder=diffusion_draft", "prompt_ids=[5,6,7,8]", f"model.verifier.path={tmp_path / 'hf'}"
+    )
+    assert again["token_ids"] == first["token_ids"]
+
+
+def test_bad_input_is_refused_with_the_fix(world_root):
+    with pytest.raises(ConfigError, match="exactly one of"):
+        _decode(world_root, "decoder=vanilla")
+    with pytest.raises(ConfigError, match="vocabulary"):
+        _decode(world_root, "decoder=vanilla", "prompt_ids=[1,99999]")
+    with pytest.raises(ConfigError, match="multidraft_leviathan"):
+        _decode(
+            world_root, "decoder=diffusion_draft", "prompt=x", "decoder.temperature=1", "decoder.acceptance=leviathan"
+        )
+    with pytest.raises(ConfigError, match="not built yet"):
+        _decode(world_root, "decoder=spot", "prompt=x")
+
+
+def test_cli_last_line_is_json(world_root):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "launch.py",
+            "stage=decode",
+            "model=micro",
+            f"run_root={world_root}",
+            "decoder=diffusion_draft",
+            "decoder.max_new_tokens=6",
+            "prompt_ids=[5,6,7]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(last) >= {"token_ids", "tokens_per_verifier_call", "nfe", "tokens_per_s", "alpha"}
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "launch.py",
+            "stage=decode",
+            "model=micro",
+            f"run_root={world_root}",
+            "decoder=ar_draft",
+            "decoder.K=3",
+            "prompt_ids=[5]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "diffusion_draft" in bad.stderr and "Traceback" not in bad.stderr
