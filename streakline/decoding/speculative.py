@@ -50,17 +50,22 @@ class SpecConfig:
     gamma: int = 8
     K: int = 1
     temperature: float = 0.0  # verifier temperature
+    top_p: float = 1.0  # nucleus truncation of the verifier distribution (T > 0); the output follows the truncated p
     acceptance: str = "greedy_acceptance"
     selection: str = "streak_score"  # or "longest"
     eos_token_id: int | list[int] | None = None
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
+    topk_logprobs: int = 0  # > 0: also return the verifier's top-k log-softmax (temperature 1) at every emitted token
 
 
 @dataclass
 class DecodeResult:
     tokens: list[list[int]]  # generated ids per prompt, cut after a stop
     metrics: DecodeMetrics
+    finish_reasons: list[str]  # per prompt: "eos", "stop" or "length"
+    topk_ids: list[list[list[int]]] | None = None  # per prompt, per emitted token: the k most likely ids
+    topk_logprobs: list[list[list[float]]] | None = None  # their log-probabilities under the verifier
 
 
 class _Clock:
@@ -76,6 +81,17 @@ class _Clock:
         now = time.perf_counter()
         self.metrics.time_s[phase] += now - self.t
         self.t = now
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float, temperature: float) -> torch.Tensor:
+    """Logits with every token outside the smallest set of probability mass >= top_p (at ``temperature``) at -inf."""
+    if top_p >= 1.0 or temperature <= 0:
+        return logits
+    sorted_logits, order = torch.sort(logits.float() / temperature, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    outside = (probs.cumsum(-1) - probs) >= top_p  # the mass before a token already reaches top_p; the top one stays
+    drop = torch.zeros_like(outside).scatter_(-1, order, outside)
+    return logits.masked_fill(drop, float("-inf"))
 
 
 def _segments(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -103,6 +119,8 @@ def generate(
     if drafter is not None and (G < 1 or K < 1):
         raise ValueError(f"a drafter needs gamma >= 1 and K >= 1, got gamma={G}, K={K}")
     rule = get_rule(cfg.acceptance, cfg.temperature, K)
+    if not 0.0 < cfg.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {cfg.top_p}")
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list | tuple) else [cfg.eos_token_id]
     stop = StopCriteria(cfg.max_new_tokens, eos, cfg.stop_strings, tokenizer)
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -130,6 +148,10 @@ def generate(
     tree = ChainTree(K, G, device)
     rows = list(range(B))  # original index of each active row
     out: list[list[int]] = [[] for _ in range(B)]
+    reasons = [""] * B
+    k_top = cfg.topk_logprobs
+    top_ids: list[list[list[int]]] = [[] for _ in range(B)]
+    top_lps: list[list[list[float]]] = [[] for _ in range(B)]
     while rows:
         b = len(rows)
         q = None
@@ -150,12 +172,22 @@ def generate(
 
         if q is not None and q.shape[-1] < logits.shape[-1]:  # a drafter vocabulary mapped onto a padded verifier one
             q = torch.nn.functional.pad(q, (0, logits.shape[-1] - q.shape[-1]))
+        per_chain = tree.per_chain(logits)
         res = rule.verify(
-            tree.per_chain(logits), drafts, q, temperature=cfg.temperature, selection=cfg.selection, generator=generator
+            top_p_filter(per_chain, cfg.top_p, cfg.temperature),
+            drafts,
+            q,
+            temperature=cfg.temperature,
+            selection=cfg.selection,
+            generator=generator,
         )
         accepted = res.accepted.tolist()
         next_tokens = res.next_token.tolist()
         chosen = res.chosen.tolist()
+        if k_top:
+            path_logits = per_chain[torch.arange(b, device=device), res.chosen]  # [b, G+1, V]
+            lp = torch.log_softmax(path_logits.float(), dim=-1).topk(k_top, dim=-1)
+            cycle_ids, cycle_lps = lp.indices.tolist(), lp.values.tolist()
         chains = drafts[torch.arange(b, device=device), res.chosen].tolist()
         clock.lap("accept")
 
@@ -175,9 +207,14 @@ def generate(
             new = chains[i][: accepted[i]] + [next_tokens[i]]
             metrics.record_cycle(accepted[i], chosen[i])
             out[row].extend(new)
+            if k_top:  # the token at path depth j was drawn from row j of the chosen chain
+                top_ids[row].extend(cycle_ids[i][: len(new)])
+                top_lps[row].extend(cycle_lps[i][: len(new)])
             cut = stop.cut(out[row], len(new))
             if cut is not None:
-                del out[row][cut:]
+                length, reasons[row] = cut
+                del out[row][length:]
+                del top_ids[row][length:], top_lps[row][length:]
                 finished.append(i)
             emitted.append(new)
         pending = res.next_token
@@ -198,4 +235,10 @@ def generate(
 
     metrics.new_tokens = sum(len(o) for o in out)
     metrics.wall_s = time.perf_counter() - wall
-    return DecodeResult(tokens=out, metrics=metrics)
+    return DecodeResult(
+        tokens=out,
+        metrics=metrics,
+        finish_reasons=reasons,
+        topk_ids=top_ids if k_top else None,
+        topk_logprobs=top_lps if k_top else None,
+    )

@@ -1,11 +1,12 @@
 """When a generated row stops: eos tokens, a token budget, stop strings.
 
 ``StopCriteria.cut(tokens, n_new)`` looks only at the last ``n_new`` tokens (those the latest cycle emitted) and
-returns the length to cut the row to, or None to go on. The token that ends a row (an eos, the token that completes
+returns ``(length to cut the row to, reason)`` with reason ``"eos"``, ``"stop"`` (a stop string) or ``"length"``
+(the token budget), or None to go on. The token that ends a row (an eos, the token that completes
 a stop string) is kept, as ``transformers`` does.
 
     stop = StopCriteria(max_new_tokens=64, eos_token_ids=[0], stop_strings=["\\n\\n"], tokenizer=tok)
-    stop.cut(row_tokens, n_new=3)   # -> None or an int <= len(row_tokens)
+    stop.cut(row_tokens, n_new=3)   # -> None or (length <= len(row_tokens), "eos" | "stop" | "length")
 """
 
 from __future__ import annotations
@@ -33,15 +34,15 @@ class StopCriteria:
         # spans at most c tokens (plus slack for byte-level pieces that decode to nothing on their own).
         self.window = max((len(s) for s in self.stop_strings), default=0) + 4
 
-    def cut(self, tokens: list[int], n_new: int) -> int | None:
+    def cut(self, tokens: list[int], n_new: int) -> tuple[int, str] | None:
         first_new = max(0, len(tokens) - n_new)
         for i in range(first_new, len(tokens)):
             if tokens[i] in self.eos:
-                return i + 1
+                return i + 1, "eos"
             if self.stop_strings:
                 text = self.tokenizer.decode(tokens[max(0, i + 1 - self.window) : i + 1])
                 if any(s in text for s in self.stop_strings):
-                    return i + 1
+                    return i + 1, "stop"
             if i + 1 >= self.max_new_tokens:
-                return i + 1
+                return i + 1, "length"
         return None

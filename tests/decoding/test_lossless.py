@@ -146,3 +146,32 @@ def test_best_of_k_after_independent_leviathan_is_detected_as_biased(model, exac
     drafter = DiffusionDrafter(random_drafter(seed=4, vocab=V), temperature=1.0, top_k=None)
     res = _sample(model, drafter, rule.name, K=4, gamma=2)
     assert _chi2_pvalue(res.tokens, exact) < 1e-6
+
+
+def test_top_p_sampling_follows_the_truncated_distribution(model, exact):
+    """With top_p the target is the nucleus-truncated verifier distribution, renormalised, for every decoder."""
+    top_p = 0.6
+    with torch.no_grad():
+        logits1 = model(torch.tensor([PROMPT]))[0, -1]
+        seqs = torch.tensor([PROMPT + [a] for a in range(V)])
+        logits2 = model(seqs)[:, -1]
+
+    def nucleus(logits):
+        p = torch.softmax(logits / T, -1)
+        order = p.argsort(descending=True)
+        before = p[order].cumsum(0) - p[order]
+        keep = torch.zeros_like(p, dtype=torch.bool)
+        keep[order] = before < top_p
+        return p * keep / (p * keep).sum()
+
+    truncated = nucleus(logits1)[:, None] * torch.stack([nucleus(row) for row in logits2])
+    assert (truncated == 0).any()  # the test means something only if some tokens are cut
+    for drafter, acceptance, K in (
+        (None, "greedy_acceptance", 1),
+        (DiffusionDrafter(shifted_copy(model), temperature=1.0, top_k=None), "greedy_acceptance", 4),
+        (ARDrafter(causal_copy(model, seed=3), temperature=1.3), "leviathan", 1),
+    ):
+        cfg = SpecConfig(max_new_tokens=2, gamma=3, K=K, temperature=T, top_p=top_p, acceptance=acceptance)
+        tokens = generate(model, [PROMPT] * N, cfg, drafter=drafter).tokens
+        assert all(truncated[t[0], t[1]] > 0 for t in tokens)
+        assert _chi2_pvalue(tokens, truncated) > 1e-3

@@ -123,3 +123,27 @@ def test_bad_settings_are_refused():
         generate(model, [[1]], SpecConfig(max_new_tokens=4, acceptance="best"))
     with pytest.raises(ValueError, match="decoder=ar_draft"):
         DiffusionDrafter(causal_copy(model))
+
+
+def test_topk_logprobs_and_finish_reasons():
+    model = verifier(seed=6)
+    prompts = _prompts(4, seed=7)
+    free = greedy_generate(model, prompts, 10)
+    eos = free[1][3]
+    res = generate(
+        model,
+        prompts,
+        SpecConfig(max_new_tokens=10, gamma=3, K=2, eos_token_id=eos, topk_logprobs=3),
+        drafter=DiffusionDrafter(shifted_copy(model)),
+    )
+    for prompt, toks, ids, lps, reason in zip(
+        prompts, res.tokens, res.topk_ids, res.topk_logprobs, res.finish_reasons, strict=True
+    ):
+        assert reason == ("eos" if toks[-1] == eos else "length")
+        assert len(ids) == len(lps) == len(toks)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + toks]))[0, len(prompt) - 1 : -1]
+        want = torch.log_softmax(logits, -1).topk(3, -1)
+        assert ids == want.indices.tolist()
+        torch.testing.assert_close(torch.tensor(lps), want.values, rtol=1e-4, atol=1e-4)
+        assert all(i[0] == t for i, t in zip(ids, toks, strict=True))  # greedy: the emitted token is the top-1
