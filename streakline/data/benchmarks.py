@@ -66,7 +66,8 @@ REAL: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("mbpp", "google-research-datasets/mbpp", "full", "test", ("text",), ("code",), ("task_id",), "code"),  # noqa: E501
     )
 }  # fmt: skip
-BUILT_IN = ("tiny-math", "tiny-code")
+BUILT_IN = ("tiny-math", "tiny-code", "tiny-math-train", "tiny-code-train")
+TRAIN_MATH_SIZE = 5000  # tiny-math-train: training-split problems, the prompts trajectories are sampled for
 
 
 def benchmark_names() -> list[str]:
@@ -96,7 +97,7 @@ def load_benchmark(name: str, *, path: str | Path | None = None, limit: int | No
     if name in BUILT_IN:
         if path is not None:
             raise BenchmarkError(f"{name!r} is built into the tiny world and reads no file; drop path={path!s}")
-        records = tiny_math(limit) if name == "tiny-math" else tiny_code(limit)
+        records = BUILT_IN_LOADERS[name](limit)
     elif name in REAL:
         spec = REAL[name]
         rows = _read_file(Path(path)) if path is not None else _read_hub(spec)
@@ -129,6 +130,36 @@ def tiny_code(limit: int | None = None, root: str | None = None) -> list[dict[st
     return candidates[:n]
 
 
+def tiny_math_train(limit: int | None = None) -> list[dict[str, str]]:
+    """Training-split problems (stream seed 0), disjoint from ``tiny-math``: prompts for verifier trajectories."""
+    n = TRAIN_MATH_SIZE if limit is None else min(limit, TRAIN_MATH_SIZE)
+    return [
+        {"id": f"tiny-math-train/{i}", "prompt": r["question"], "reference": r["solution"], "domain": "math"}
+        for i, r in enumerate(math_texts("train", n, seed=0))
+    ]
+
+
+def tiny_code_train(limit: int | None = None, root: str | None = None) -> list[dict[str, str]]:
+    """Documented functions of the training-split stdlib files, in the same hashed order as ``tiny-code``."""
+    found = (dict(r, id="tiny-code-train/" + r["id"].split("/", 1)[1]) for r in _code_candidates(root, "train"))
+    candidates = sorted(found, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
+    return candidates if limit is None else candidates[:limit]
+
+
+BUILT_IN_LOADERS = {
+    "tiny-math": tiny_math,
+    "tiny-code": tiny_code,
+    "tiny-math-train": tiny_math_train,
+    "tiny-code-train": tiny_code_train,
+}
+
+
+def prompt_text(record: dict[str, str]) -> str:
+    """The raw-document form of a tiny-world prompt, as the tiny models were trained: a math question ends its line
+    (the solution starts on the next), a code prompt (def line + docstring) already ends with one."""
+    return record["prompt"] + ("\n" if record["domain"] == "math" and not record["prompt"].endswith("\n") else "")
+
+
 def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFunctionDef, str]]:
     fn_types = (ast.FunctionDef, ast.AsyncFunctionDef)
     for node in tree.body:
@@ -140,8 +171,8 @@ def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFu
                     yield sub, f"{node.name}.{sub.name}"
 
 
-def _code_candidates(root: str | None = None) -> Iterator[dict[str, str]]:
-    for rec in code_texts("heldout", root):
+def _code_candidates(root: str | None = None, split: str = "heldout") -> Iterator[dict[str, str]]:
+    for rec in code_texts(split, root):
         try:
             tree = ast.parse(rec["text"])
         except SyntaxError:

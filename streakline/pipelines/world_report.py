@@ -16,6 +16,7 @@ import torch
 
 from streakline.alignment.streak import simulated_streak
 from streakline.data import load_benchmark
+from streakline.data.benchmarks import prompt_text
 from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
 from streakline.decoding.vanilla import greedy_generate, left_pad
 
@@ -25,8 +26,7 @@ BENCHMARKS = ("tiny-math", "tiny-code")
 def _prompts(tokenizer, name: str, n: int) -> list[list[int]]:
     # The verifier was trained on raw documents: a math prompt is its question line, code the def + docstring.
     records = load_benchmark(name, limit=n)
-    sep = "\n" if name == "tiny-math" else ""
-    return [tokenizer(r["prompt"] + sep, add_special_tokens=False)["input_ids"] for r in records]
+    return [tokenizer(prompt_text(r), add_special_tokens=False)["input_ids"] for r in records]
 
 
 @torch.no_grad()
