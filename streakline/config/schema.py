@@ -43,6 +43,7 @@ DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 TEACHERS = ("stored", "online")
 ZERO_STAGES = (0, 2, 3)
 PRECISIONS = ("fp32", "bf16")
+TRAJECTORY_BACKENDS = ("native", "vllm")
 DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "static", "threshold", "spot", "spiffy")
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
@@ -169,7 +170,15 @@ class DataConfig:
     mix_weights: list[float] = field(default_factory=list)  # empty: uniform over prompt_sources
     samples_per_prompt: int = 1
     max_prompts: int | None = None
-    chat_template: bool = True
+    chat_template: bool = True  # False (or a tokenizer without a chat template): prompts as raw text
+    # stage=trajectories: how completions are sampled from the verifier and stored
+    temperature: float = 0.5
+    top_p: float = 0.95
+    max_new_tokens: int = 512
+    topk_logprobs: int = 0  # > 0: store the verifier's top-k log-probs per completion token (DistillSpec teachers)
+    num_shards: int = 16
+    batch_size: int = 16  # prompts per decoder batch
+    backend: str = "native"  # TRAJECTORY_BACKENDS
 
 
 @dataclass
@@ -228,6 +237,7 @@ class LauncherConfig:
     account: str | None = None
     time_min: int = 60
     ray_address: str | None = None  # None: start a local Ray
+    workers: int | None = None  # Ray worker slots (actors); None: one per GPU, or 2 on a CPU-only machine
 
 
 @dataclass

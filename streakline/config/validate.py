@@ -29,6 +29,7 @@ from streakline.config.schema import (
     SELECTIONS,
     STAGES,
     TEACHERS,
+    TRAJECTORY_BACKENDS,
     ZERO_STAGES,
 )
 
@@ -221,6 +222,13 @@ def _data(cfg: DictConfig) -> None:
             raise ConfigError(f"data.mix_weights={list(data.mix_weights)} must be >= 0 with a positive sum")
     _at_least(cfg, "data.samples_per_prompt", 1)
     _at_least(cfg, "data.max_prompts", 1, optional=True)
+    _choice(cfg, "data.backend", TRAJECTORY_BACKENDS)
+    _at_least(cfg, "data.temperature", 0)
+    _positive(cfg, "data.top_p")
+    _between(cfg, "data.top_p", 0.0, 1.0)
+    for key in ("max_new_tokens", "num_shards", "batch_size"):
+        _at_least(cfg, f"data.{key}", 1)
+    _at_least(cfg, "data.topk_logprobs", 0)
 
 
 def _trainer(cfg: DictConfig) -> None:
@@ -262,6 +270,7 @@ def _launcher(cfg: DictConfig) -> None:
     _at_least(cfg, "launcher.nodes", 1)
     _at_least(cfg, "launcher.gpus_per_node", 0)
     _at_least(cfg, "launcher.time_min", 1)
+    _at_least(cfg, "launcher.workers", 1, optional=True)
 
 
 def _experiment(cfg: DictConfig) -> None:

@@ -1,0 +1,283 @@
+"""Stage ``trajectories``: sample verifier completions for a prompt mix and store them as resumable parquet shards.
+
+    python launch.py stage=trajectories model=tiny                       # single process
+    python launch.py stage=trajectories model=tiny launcher=ray          # local Ray, 2 CPU worker slots
+    python launch.py stage=trajectories model=qwen2.5-72b data=... launcher=ray launcher.ray_address=auto \\
+        data.backend=vllm data.topk_logprobs=20
+
+Order of work (top-down):
+1. the prompt mix: ``data.prompt_sources`` (benchmarks or ``name@file``) weighted by ``data.mix_weights`` up to
+   ``data.max_prompts``, each prompt ``data.samples_per_prompt`` times, encoded raw or through the chat template;
+2. deterministic shards: the (prompt, sample) items cut into ``data.num_shards`` contiguous pieces, shard i sampled
+   with a seed derived from ``(seed, i)``, so a shard's rows never depend on how many workers there are;
+3. the run folder ``<run_root>/<experiment>/trajectories/<hash of verifier, tokenizer, data settings, seed>/``:
+   shards already there and valid are kept, missing or damaged ones are (re)generated, an estimate of rows and
+   bytes is printed first;
+4. generation, in process (``launcher=local``) or on Ray actors (``launcher=ray``; one per GPU, or
+   ``launcher.workers`` CPU slots), each shard written atomically as it finishes, a progress bar with tokens/s;
+5. every shard validated together (``data.trajectories.load_trajectories``), then the manifest, written last.
+
+``stage=distill`` finds the folder with ``trajectories_dir(cfg)``. Fault injection for the tests (environment):
+``STREAKLINE_FAULT_WORKER_EXIT=<marker file>`` makes the first worker to finish a shard die before writing it
+(once: it creates the marker); ``STREAKLINE_FAULT_EXIT_AFTER_SHARDS=n`` ends the whole process after n shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from streakline.artifacts import StageRun, config_hash, run_dir
+from streakline.config import ConfigError
+from streakline.data import load_benchmark
+from streakline.data.benchmarks import parse_source, prompt_text
+from streakline.data.trajectories import (
+    ShardMeta,
+    check_shard,
+    estimate,
+    format_bytes,
+    load_trajectories,
+    shard_name,
+    write_shard,
+)
+
+from .bootstrap import attach_world
+
+STAGE = "trajectories"
+FAULT_WORKER_EXIT = "STREAKLINE_FAULT_WORKER_EXIT"
+FAULT_EXIT_AFTER = "STREAKLINE_FAULT_EXIT_AFTER_SHARDS"
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    attach_world(cfg)
+    tokenizer = _tokenizer(cfg)
+    from streakline.models.tokenizer import tokenizer_hash
+
+    records = prompt_mix(cfg)
+    prompts = encode_prompts(cfg, tokenizer, records)
+    items = [(r["id"], s, p) for r, p in zip(records, prompts, strict=True) for s in range(cfg.data.samples_per_prompt)]
+    n_shards = min(cfg.data.num_shards, len(items))
+    pieces = [items[i * len(items) // n_shards : (i + 1) * len(items) // n_shards] for i in range(n_shards)]
+    key = run_key(cfg, tokenizer_hash(tokenizer))
+    folder = run_dir(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key)) / "shards"
+    metas = [_meta(cfg, key, i, n_shards, len(piece)) for i, piece in enumerate(pieces)]
+
+    todo = []
+    for meta in metas:
+        problem = check_shard(folder / shard_name(meta.shard, n_shards), meta)
+        if problem is not None:
+            if problem != "missing":
+                print(f"trajectories: shard {meta.shard} is {problem}; regenerating it")
+            todo.append(meta.shard)
+    mean_prompt = sum(len(p) for p in prompts) / max(1, len(prompts))
+    est = estimate(len(items), mean_prompt, cfg.data.max_new_tokens, cfg.data.topk_logprobs)
+    print(
+        f"trajectories: {len(records)} prompts x {cfg.data.samples_per_prompt} samples = {est['rows']} rows in "
+        f"{n_shards} shards, at most {est['tokens']:,} tokens / {format_bytes(est['bytes'])}; "
+        f"{n_shards - len(todo)} shards already done, generating {len(todo)} -> {folder}"
+    )
+
+    with StageRun(cfg.run_root, cfg.experiment.name, STAGE, key) as stage_run:
+        job = _job(cfg, key)
+        started = time.perf_counter()
+        if todo:
+            _generate(cfg, job, pieces, metas, todo, folder)
+        dataset = load_trajectories(folder, tokenizer_hash=key["tokenizer"])
+        stage_run.add_output("shards")
+        tokens = sum(len(c) for c in dataset["completion_ids"])
+        reasons = dataset["finish_reason"]
+        stage_run.metrics.update(
+            rows=len(dataset),
+            completion_tokens=tokens,
+            generated_shards=len(todo),
+            seconds=time.perf_counter() - started,
+            finish_reasons={r: reasons.count(r) for r in sorted(set(reasons))},
+        )
+    print(f"trajectories: {len(dataset)} rows, {tokens:,} completion tokens in {folder}")
+    return {"folder": str(folder), "rows": len(dataset), "generated_shards": todo, "metrics": stage_run.metrics}
+
+
+def trajectories_dir(cfg: DictConfig) -> Path:
+    """The shard folder ``stage=trajectories`` writes for ``cfg`` (same verifier, tokenizer, data settings, seed)."""
+    from streakline.models.tokenizer import tokenizer_hash
+
+    attach_world(cfg, progress=False)
+    key = run_key(cfg, tokenizer_hash(_tokenizer(cfg)))
+    return run_dir(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key)) / "shards"
+
+
+def run_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
+    """What the trajectories depend on, and nothing else (the decoder or trainer settings do not move the folder)."""
+    node = cfg.model.verifier
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+
+
+def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
+    """Records from every source, ``max_prompts`` split by ``mix_weights`` (largest remainders), in source order."""
+    sources = [parse_source(s) for s in cfg.data.prompt_sources]
+    weights = list(cfg.data.mix_weights) or [1.0] * len(sources)
+    limits: list[int | None] = [None] * len(sources)
+    if cfg.data.max_prompts is not None:
+        total = cfg.data.max_prompts
+        shares = [total * w / sum(weights) for w in weights]
+        limits = [int(s) for s in shares]
+        for i in sorted(range(len(shares)), key=lambda i: shares[i] - limits[i], reverse=True)[: total - sum(limits)]:
+            limits[i] += 1
+    records = []
+    for (name, path), limit in zip(sources, limits, strict=True):
+        got = load_benchmark(name, path=path, limit=limit)
+        if limit is not None and len(got) < limit:
+            print(f"trajectories: {name} has only {len(got)} prompts of the {limit} its weight asks for")
+        records.extend(got)
+    if not records:
+        raise ConfigError("the prompt sources gave no prompts; check data.prompt_sources")
+    return records
+
+
+def encode_prompts(cfg: DictConfig, tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
+    use_template = cfg.data.chat_template and getattr(tokenizer, "chat_template", None)
+    out = []
+    for r in records:
+        if use_template:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = prompt_text(r)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def shard_seed(seed: int, shard: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{shard}".encode()).digest()[:4], "little")
+
+
+def _tokenizer(cfg: DictConfig):
+    from .decode import role_tokenizer
+
+    tok = role_tokenizer(cfg, "verifier")
+    if tok is None:
+        raise ConfigError("stage=trajectories needs the verifier's tokenizer; set model.verifier.tokenizer=<folder>")
+    return tok
+
+
+def _meta(cfg: DictConfig, key: dict, shard: int, n_shards: int, rows: int) -> ShardMeta:
+    return ShardMeta(
+        shard=shard,
+        num_shards=n_shards,
+        rows=rows,
+        tokenizer_hash=key["tokenizer"],
+        verifier=str(key["verifier"]),
+        topk=cfg.data.topk_logprobs,
+        config_hash=config_hash(key),
+    )
+
+
+def _job(cfg: DictConfig, key: dict) -> dict[str, Any]:
+    """Everything a worker needs, as plain data (it crosses a process boundary)."""
+    return {
+        "cfg": OmegaConf.to_container(cfg, resolve=True),
+        "key": key,
+        "fault_worker_exit": os.environ.get(FAULT_WORKER_EXIT),
+    }
+
+
+def _generate(cfg, job, pieces, metas, todo, folder) -> None:
+    rows_total = sum(metas[i].rows for i in todo)
+    bar = tqdm(total=rows_total, desc="trajectories", unit="row", dynamic_ncols=True)
+    counts = {"tokens": 0, "shards": 0}
+    started = time.perf_counter()
+    exit_after = int(os.environ.get(FAULT_EXIT_AFTER, "0") or 0)
+
+    def done(shard: int, result: dict) -> None:
+        counts["tokens"] += result["tokens"]
+        counts["shards"] += 1
+        bar.update(result["rows"])
+        bar.set_postfix(tok_s=f"{counts['tokens'] / (time.perf_counter() - started):.0f}", shards=counts["shards"])
+        if exit_after and counts["shards"] >= exit_after:
+            bar.close()
+            print(f"trajectories: {FAULT_EXIT_AFTER}={exit_after} reached; exiting without cleanup", flush=True)
+            os._exit(3)
+
+    work = {i: (pieces[i], metas[i], str(folder)) for i in todo}
+    if cfg.launcher.name == "ray":
+        from streakline.launch.ray_pool import run_on_ray
+
+        gpus = cfg.launcher.nodes * cfg.launcher.gpus_per_node
+        workers = cfg.launcher.workers or (gpus if gpus else 2)
+        run_on_ray(
+            ShardWorker,
+            (job, work),
+            todo,
+            workers,
+            done,
+            address=cfg.launcher.ray_address,
+            gpus_per_worker=1 if gpus else 0,
+        )
+    else:
+        worker = ShardWorker(job, work)
+        for shard in todo:
+            done(shard, worker.run(shard))
+    bar.close()
+
+
+class ShardWorker:
+    """Loads the verifier once; ``run(shard)`` samples one shard and writes it. Runs in-process or as a Ray actor."""
+
+    def __init__(self, job: dict[str, Any], work: dict[int, tuple]) -> None:
+        from streakline.decoding.backends import BACKENDS, SampleSettings
+        from streakline.models import build
+
+        from .decode import role_tokenizer
+
+        cfg = OmegaConf.create(job["cfg"])
+        self.job, self.work = job, work
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        tokenizer = role_tokenizer(cfg, "verifier")
+        data = cfg.data
+        settings = SampleSettings(
+            max_new_tokens=data.max_new_tokens,
+            temperature=data.temperature,
+            top_p=data.top_p,
+            topk_logprobs=data.topk_logprobs,
+            batch_size=data.batch_size,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        if data.backend == "vllm":
+            self.backend = BACKENDS["vllm"](cfg.model.verifier.path, settings, tokenizer)
+        else:
+            verifier = build(cfg.model.verifier, "verifier", device=device).eval()
+            self.backend = BACKENDS["native"](verifier, settings, tokenizer)
+        self.seed = cfg.seed
+
+    def run(self, shard: int) -> dict[str, Any]:
+        items, meta, folder = self.work[shard]
+        seed = shard_seed(self.seed, shard)
+        samples = self.backend.sample([p for _, _, p in items], seed=seed)
+        marker = self.job.get("fault_worker_exit")
+        if marker and not os.path.exists(marker):
+            Path(marker).write_text(f"worker died on shard {shard}\n")
+            os._exit(1)  # a crash: no exception, no cleanup, the shard is not written
+        rows = []
+        for (prompt_id, sample_index, prompt), s in zip(items, samples, strict=True):
+            row = {
+                "prompt_id": prompt_id,
+                "sample_index": sample_index,
+                "prompt_ids": prompt,
+                "completion_ids": s.completion_ids,
+                "finish_reason": s.finish_reason,
+                "seed": seed,
+            }
+            if meta.topk:
+                row["topk_ids"], row["topk_logprobs"] = s.topk_ids, s.topk_logprobs
+            rows.append(row)
+        write_shard(folder, rows, meta)
+        return {"rows": len(rows), "tokens": sum(len(s.completion_ids) for s in samples)}

@@ -1,0 +1,110 @@
+"""stage=trajectories on the micro world: resumable shards, Ray fan-out equal to one process, faults survived.
+
+Runs share the session's micro world and differ by ``experiment.name`` (the run folder), never by settings, so every
+run must produce the very same rows.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.config import compose_config
+from streakline.data.trajectories import load_trajectories
+from streakline.models import build
+from streakline.pipelines import run_stage
+from streakline.pipelines.bootstrap import attach_world
+from streakline.pipelines.trajectories import FAULT_EXIT_AFTER, FAULT_WORKER_EXIT
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = [
+    "data.max_prompts=12",
+    "data.samples_per_prompt=2",
+    "data.max_new_tokens=16",
+    "data.num_shards=4",
+    "data.batch_size=5",
+    "data.topk_logprobs=3",
+    "data.temperature=1.0",
+]
+
+
+def _overrides(root, experiment, *extra):
+    return ["stage=trajectories", "model=micro", f"run_root={root}", f"experiment.name={experiment}", *SETTINGS, *extra]
+
+
+def _run(root, experiment, *extra):
+    return run_stage(compose_config(_overrides(root, experiment, *extra)))
+
+
+def _rows(result):
+    ds = load_trajectories(result["folder"])
+    return [dict(r) for r in ds]
+
+
+@pytest.fixture(scope="module")
+def reference(micro_world):
+    root = micro_world[0]
+    return root, _run(root, "single")
+
+
+def test_single_process_run_stores_every_sample_with_teacher_logprobs(reference):
+    root, result = reference
+    rows = _rows(result)
+    assert len(rows) == 24 and result["generated_shards"] == [0, 1, 2, 3]
+    assert len({(r["prompt_id"], r["sample_index"]) for r in rows}) == 24  # no duplicates, no gaps
+    assert {r["finish_reason"] for r in rows} <= {"eos", "length"}
+    cfg = attach_world(compose_config(_overrides(root, "single")), progress=False)
+    verifier = build(cfg.model.verifier, "verifier").eval()
+    for r in rows[:6]:
+        ids = r["prompt_ids"] + r["completion_ids"]
+        with torch.no_grad():
+            logits = verifier(torch.tensor([ids]))[0, len(r["prompt_ids"]) - 1 : -1]
+        want = torch.log_softmax(logits, -1).topk(3, -1)
+        assert r["topk_ids"] == want.indices.tolist()
+        torch.testing.assert_close(
+            torch.tensor(r["topk_logprobs"], dtype=torch.float32), want.values, atol=2e-2, rtol=1e-2
+        )
+    again = _run(root, "single")  # a rerun finds every shard done and generates nothing
+    assert again["generated_shards"] == [] and _rows(again) == rows
+
+
+def test_ray_with_two_workers_and_a_dying_worker_gives_the_same_rows(reference, tmp_path, monkeypatch):
+    root, result = reference
+    marker = tmp_path / "worker-died"
+    monkeypatch.setenv(FAULT_WORKER_EXIT, str(marker))
+    ray_result = _run(root, "ray", "launcher=ray", "launcher.workers=2")
+    assert marker.exists()  # a worker really died mid-run, after sampling a shard and before writing it
+    assert _rows(ray_result) == _rows(result)
+
+
+def test_killed_stage_resumes_with_only_the_missing_shards(reference):
+    root, result = reference
+    env = dict(os.environ, **{FAULT_EXIT_AFTER: "2"})
+    proc = subprocess.run(
+        [sys.executable, "launch.py", *_overrides(root, "killed")], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    folder = Path(result["folder"].replace("/single/", "/killed/"))
+    assert len(list(folder.glob("shard-*.parquet"))) == 2 and not (folder.parent / "manifest.json").exists()
+    resumed = _run(root, "killed")
+    assert len(resumed["generated_shards"]) == 2
+    assert _rows(resumed) == _rows(result)
+    manifest = json.loads((folder.parent / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["metrics"]["rows"] == 24
+
+
+def test_a_damaged_shard_is_reported_and_regenerated(reference, capsys):
+    root, result = reference
+    _run(root, "damaged")
+    folder = Path(result["folder"].replace("/single/", "/damaged/"))
+    victim = sorted(folder.glob("shard-*.parquet"))[1]
+    victim.write_bytes(victim.read_bytes()[:200])
+    capsys.readouterr()
+    again = _run(root, "damaged")
+    assert "shard 1 is corrupt" in capsys.readouterr().out
+    assert again["generated_shards"] == [1]
+    assert _rows(again) == _rows(result)
