@@ -1,0 +1,543 @@
+"""Distillation losses for diffusion drafters (ALGORITHMS.md section 4) and the chunked log-probs they share.
+
+Every loss is a registered component with one signature, ``(LossInput, LossSettings) -> LossOutput``:
+
+    settings = LossSettings.from_config(cfg.method)
+    inp = LossInput(hidden, model.output_weight, labels, valid, temperature=cfg.method.drafter_temperature)
+    out = compute_loss(inp, settings)   # out.loss (scalar), out.metrics ("loss", "q_mean_j", "streak_q", ...)
+    out.loss.backward()
+
+``hidden`` ``[N, G, H]`` are the drafter's hidden states that predict the G slots of N windows (before the output
+matrix), so no loss ever sees ``[N, G, V]`` logits: log-probs come from ``chunked_logprobs``, an autograd Function
+that walks the vocabulary ``chunk`` output rows at a time and keeps only ``[M]`` log-normalisers for backward,
+which recomputes each chunk. Peak extra memory is O(M * chunk), flat in V (152k-token vocabularies included).
+Full-vocabulary teacher divergences use a second Function of the same shape.
+
+Invalid slots (``valid`` False, past the end of a completion) carry no weight anywhere, and a streak product
+stops at the first invalid slot: it is never extended through one as if its probability were 1.
+
+Run the tests with ``.venv/bin/python -m pytest -q tests/alignment/test_losses.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+DEFAULT_CHUNK = 8192
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chunked log-probabilities
+
+
+def _check_numerics(temperature: float, chunk: int) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+
+
+def _ranges(vocab: int, chunk: int) -> list[tuple[int, int]]:
+    return [(start, min(start + chunk, vocab)) for start in range(0, vocab, chunk)]
+
+
+def _chunk_logits(h32: Tensor, weight_rows: Tensor, temperature: float) -> Tensor:
+    """``[M, C]`` fp32 logits of one vocabulary chunk; the fp32 upcast happens per chunk, never for all of V."""
+    return (h32 @ weight_rows.float().T) / temperature
+
+
+def _inside(ids: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:
+    """Which ``ids`` fall in ``[start, end)`` and their in-chunk column (0 where outside, so gathers stay legal)."""
+    inside = (ids >= start) & (ids < end)
+    return inside, torch.where(inside, ids - start, 0)
+
+
+def _pick(logits: Tensor, ids: Tensor, start: int, end: int) -> Tensor:
+    """``logits[m, ids[m, i] - start]`` where the id lies in this chunk, else 0 (each id lies in exactly one)."""
+    inside, local = _inside(ids, start, end)
+    return torch.where(inside, logits.gather(1, local), 0.0)
+
+
+@torch.no_grad()
+def logsumexp_chunked(
+    hidden: Tensor, weight: Tensor, *, temperature: float = 1.0, chunk: int = DEFAULT_CHUNK
+) -> Tensor:
+    """``[M]`` fp32 ``logsumexp(hidden @ weight.T / temperature, -1)`` for hidden ``[M, H]``, weight ``[V, H]``,
+    computed chunk by chunk over V. Carries no gradient (the Functions here use it as a saved normaliser)."""
+    _check_numerics(temperature, chunk)
+    h32 = hidden.float()
+    lse = torch.full((h32.shape[0],), -math.inf, device=h32.device)
+    for start, end in _ranges(weight.shape[0], chunk):
+        lse = torch.logaddexp(lse, _chunk_logits(h32, weight[start:end], temperature).logsumexp(-1))
+    return lse
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, ids, temperature, chunk):
+        h32 = hidden.float()
+        lse = torch.full((h32.shape[0],), -math.inf, device=h32.device)
+        picked = torch.zeros(ids.shape, device=h32.device)
+        for start, end in _ranges(weight.shape[0], chunk):
+            logits = _chunk_logits(h32, weight[start:end], temperature)
+            lse = torch.logaddexp(lse, logits.logsumexp(-1))
+            picked = picked + _pick(logits, ids, start, end)
+        # Only the inputs (alive anyway) and the [M] normaliser are kept: backward recomputes each chunk.
+        ctx.save_for_backward(hidden, weight, ids, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return picked - lse[:, None]
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, ids, lse = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        T = ctx.temperature
+        h32, g = hidden.float(), grad.float()
+        g_total = g.sum(-1, keepdim=True)
+        grad_h = torch.zeros_like(h32) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        for start, end in _ranges(weight.shape[0], ctx.chunk):
+            w32 = weight[start:end].float()
+            # d log p_id / d logit_v = [v = id] - p_v; the softmax part is shared by the k picks of a row.
+            dz = (_chunk_logits(h32, w32, T) - lse[:, None]).exp_().mul_(-g_total)
+            inside, local = _inside(ids, start, end)
+            dz.scatter_add_(1, local, torch.where(inside, g, 0.0))
+            dz.div_(T)
+            if need_h:
+                grad_h.addmm_(dz, w32)
+            if need_w:
+                grad_w[start:end] = (dz.T @ h32).to(grad_w.dtype)
+        return (grad_h.to(hidden.dtype) if need_h else None), grad_w, None, None, None
+
+
+def chunked_logprobs(
+    hidden: Tensor, weight: Tensor, ids: Tensor, *, temperature: float = 1.0, chunk: int = DEFAULT_CHUNK
+) -> Tensor:
+    """``[M, k]`` fp32 ``log_softmax(hidden @ weight.T / temperature)[m, ids[m, i]]`` without an ``[M, V]`` tensor.
+
+    hidden ``[M, H]`` (any float dtype), weight ``[V, H]`` (the drafter's output matrix), ids ``[M, k]`` int64 in
+    ``[0, V)``. Differentiable in hidden and weight; peak extra memory O(M * chunk) in forward and backward.
+    """
+    _check_numerics(temperature, chunk)
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"need hidden [M, H] and weight [V, H], got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if ids.dim() != 2 or ids.shape[0] != hidden.shape[0]:
+        raise ValueError(f"ids must be [M, k] with M = {hidden.shape[0]}, got {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
+        raise ValueError(f"ids must lie in [0, {weight.shape[0]}), got [{int(ids.min())}, {int(ids.max())}]")
+    return _ChunkedLogprobs.apply(hidden, weight, ids.long(), float(temperature), int(chunk))
+
+
+def naive_logprobs(hidden: Tensor, weight: Tensor, ids: Tensor, *, temperature: float = 1.0) -> Tensor:
+    """Reference for ``chunked_logprobs`` (same shapes), materialising the ``[M, V]`` fp32 log-softmax."""
+    return torch.log_softmax((hidden.float() @ weight.float().T) / temperature, -1).gather(-1, ids)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Divergences D(p || q) over a vocabulary axis (the last one)
+#
+# Each divergence gives (a) its elementwise terms, which sum over the last axis to D, and (b) dD/dlog q_v with the
+# log q_v treated as free variables. The gradient with respect to drafter logits z (q = softmax z) is then
+# b - q * sum(b), which is what the full-vocabulary Function needs in backward without an autograd graph.
+
+
+def _jsd_logm(logp: Tensor, logq: Tensor, beta: float) -> Tensor:
+    return torch.logaddexp(logp + math.log(beta), logq + math.log1p(-beta))
+
+
+def _xlogy_term(logp: Tensor, other: Tensor) -> Tensor:
+    """``p * (log p - other)``, 0 where p = 0 (a teacher's -inf log-prob must not turn into NaN)."""
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - other), 0.0)
+
+
+def _fkl(logp, logq, beta):
+    return _xlogy_term(logp, logq), -logp.exp()
+
+
+def _rkl(logp, logq, beta):
+    q = logq.exp()
+    return q * (logq - logp), q * (logq - logp + 1)
+
+
+def _jsd(logp, logq, beta):
+    logm = _jsd_logm(logp, logq, beta)
+    q = logq.exp()
+    terms = beta * _xlogy_term(logp, logm) + (1 - beta) * q * (logq - logm)
+    return terms, (1 - beta) * q * (logq - logm)
+
+
+def _tvd(logp, logq, beta):
+    p, q = logp.exp(), logq.exp()
+    return 0.5 * (p - q).abs(), 0.5 * q * torch.sign(q - p)
+
+
+DivergenceFn = Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]
+DIVERGENCES: dict[str, DivergenceFn] = {"fkl": _fkl, "rkl": _rkl, "jsd": _jsd, "tvd": _tvd}
+
+
+def divergence_terms(name: str, logp: Tensor, logq: Tensor, beta: float = 0.5) -> Tensor:
+    """Elementwise terms of ``D(p || q)`` (same shape as ``logp``/``logq``, normalised log-probs over the last
+    axis); ``.sum(-1)`` is the divergence. fkl = KL(p||q), rkl = KL(q||p), jsd = β KL(p||m) + (1-β) KL(q||m) with
+    m = β p + (1-β) q, tvd = ½ Σ |p - q|."""
+    return DIVERGENCES[name](logp, logq, beta)[0]
+
+
+class _ChunkedDivergence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, teacher, labels, name, beta, temperature, chunk):
+        h32 = hidden.float()
+        fn = DIVERGENCES[name]
+        lse_q = logsumexp_chunked(hidden, weight, temperature=temperature, chunk=chunk)
+        lse_p = torch.full_like(lse_q, -math.inf)
+        for start, end in _ranges(weight.shape[0], chunk):
+            lse_p = torch.logaddexp(lse_p, teacher[:, start:end].float().logsumexp(-1))
+        div, b_total, label = torch.zeros_like(lse_q), torch.zeros_like(lse_q), torch.zeros_like(lse_q)
+        for start, end in _ranges(weight.shape[0], chunk):
+            logq = _chunk_logits(h32, weight[start:end], temperature) - lse_q[:, None]
+            logp = teacher[:, start:end].float() - lse_p[:, None]
+            terms, b = fn(logp, logq, beta)
+            div += terms.sum(-1)
+            b_total += b.sum(-1)
+            label += _pick(logq, labels[:, None], start, end)[:, 0]
+        ctx.save_for_backward(hidden, weight, teacher, lse_q, lse_p, b_total)
+        ctx.name, ctx.beta, ctx.temperature, ctx.chunk = name, beta, temperature, chunk
+        ctx.mark_non_differentiable(label)
+        return div, label
+
+    @staticmethod
+    def backward(ctx, grad_div, _grad_label):
+        hidden, weight, teacher, lse_q, lse_p, b_total = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        T, fn = ctx.temperature, DIVERGENCES[ctx.name]
+        h32, g = hidden.float(), grad_div.float()[:, None]
+        # A row nobody asked about (an invalid slot, masked with zero upstream grad) may hold a NaN divergence,
+        # e.g. a padded teacher row of -inf; 0 * NaN must not leak into the shared weight gradient.
+        silent = g == 0
+        grad_h = torch.zeros_like(h32) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        for start, end in _ranges(weight.shape[0], ctx.chunk):
+            w32 = weight[start:end].float()
+            logq = _chunk_logits(h32, w32, T) - lse_q[:, None]
+            logp = teacher[:, start:end].float() - lse_p[:, None]
+            b = fn(logp, logq, ctx.beta)[1]
+            dz = torch.where(silent, 0.0, (b - logq.exp() * b_total[:, None]) * g / T)
+            if need_h:
+                grad_h.addmm_(dz, w32)
+            if need_w:
+                grad_w[start:end] = (dz.T @ h32).to(grad_w.dtype)
+        return (grad_h.to(hidden.dtype) if need_h else None), grad_w, None, None, None, None, None, None
+
+
+def chunked_divergence(
+    hidden: Tensor,
+    weight: Tensor,
+    teacher_logits: Tensor,
+    labels: Tensor,
+    *,
+    name: str = "fkl",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[Tensor, Tensor]:
+    """``D(p || q)`` per row over the full vocabulary, and ``log q(labels)``, without an fp32 ``[M, V]`` tensor.
+
+    hidden ``[M, H]``, weight ``[V, H]``, teacher_logits ``[M, V]`` (p = softmax of them, any float dtype, treated
+    as constant), labels ``[M]`` int64. q = softmax(hidden @ weight.T / temperature). Returns ``([M], [M])`` fp32;
+    the divergence is differentiable in hidden and weight, the label log-probs are not (they feed metrics).
+    """
+    _check_numerics(temperature, chunk)
+    if name not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {name!r}; valid: {sorted(DIVERGENCES)}")
+    if name == "jsd" and not 0 < beta < 1:
+        raise ValueError(f"jsd needs 0 < beta < 1, got {beta}")
+    if teacher_logits.shape != (hidden.shape[0], weight.shape[0]):
+        raise ValueError(
+            f"teacher_logits must be [M, V] = {(hidden.shape[0], weight.shape[0])}, got {tuple(teacher_logits.shape)}"
+        )
+    return _ChunkedDivergence.apply(
+        hidden, weight, teacher_logits.detach(), labels.long(), name, float(beta), float(temperature), int(chunk)
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The registry
+
+
+@dataclass
+class LossInput:
+    """What every loss receives. N windows of G slots; shapes are checked by ``compute_loss``."""
+
+    hidden: Tensor  # [N, G, H] drafter hidden states that predict the G window slots
+    weight: Tensor  # [V, H] drafter output matrix (model.output_weight)
+    labels: Tensor  # [N, G] int64, x_j (the verifier's tokens); any value at invalid slots
+    valid: Tensor  # [N, G] bool, v_j (False past the end of the completion; valid slots form a prefix)
+    temperature: float = 1.0  # deployment drafter temperature for ℓ_j = log q_j(x_j)
+    teacher_ids: Tensor | None = None  # [N, G, k] verifier top-k ids per slot (stored in trajectory shards)
+    teacher_logprobs: Tensor | None = None  # [N, G, k] their verifier log-probs (float16/32)
+    teacher_logits: Tensor | None = None  # [N, G, V] full verifier logits (online teacher), used over top-k if both
+    masked: Tensor | None = None  # [N, G] bool, mdm only: which slots are hidden
+    rate: Tensor | None = None  # [N] mdm only: the mask rate t of each window
+
+
+@dataclass
+class LossOutput:
+    loss: Tensor  # scalar
+    metrics: dict[str, Any] = field(default_factory=dict)  # "loss", "q_mean_j" (G floats or None), "streak_q", ...
+
+
+@dataclass
+class LossSettings:
+    """The loss knobs of ``MethodConfig`` (streakline/config/schema.py); ``name`` is its ``loss`` field."""
+
+    name: str
+    lam: float = 0.9  # expce decay per slot
+    inclusive: bool = False  # ce_streak: weight slot m by the streak through m instead of m-1
+    divergence: str = "fkl"  # distillspec / ar_distill: one of DIVERGENCES
+    beta: float = 0.5  # jsd mixing weight
+    chunk: int = DEFAULT_CHUNK  # vocabulary rows per chunk of the log-softmax
+
+    @classmethod
+    def from_config(cls, method: Any, *, chunk: int = DEFAULT_CHUNK) -> LossSettings:
+        """From a resolved ``MethodConfig`` (or anything with its fields)."""
+        return cls(
+            name=method.loss,
+            lam=method.lam,
+            inclusive=method.inclusive,
+            divergence=method.divergence,
+            beta=method.beta,
+            chunk=getattr(method, "chunk", chunk),
+        )
+
+
+LossFn = Callable[[LossInput, LossSettings], LossOutput]
+LOSSES: dict[str, LossFn] = {}
+
+
+def register_loss(name: str) -> Callable[[LossFn], LossFn]:
+    """Decorator adding a loss to ``LOSSES`` under ``name`` (a name can be registered once)."""
+
+    def add(fn: LossFn) -> LossFn:
+        if name in LOSSES:
+            raise ValueError(f"loss {name!r} is already registered")
+        LOSSES[name] = fn
+        return fn
+
+    return add
+
+
+def compute_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """Run the registered loss ``settings.name`` on ``inp``; scalar loss plus float metrics."""
+    if settings.name not in LOSSES:
+        raise ValueError(f"unknown loss {settings.name!r}; valid: {sorted(LOSSES)}")
+    _check_input(inp)
+    return LOSSES[settings.name](inp, settings)
+
+
+def _check_input(inp: LossInput) -> None:
+    if inp.hidden.dim() != 3:
+        raise ValueError(f"hidden must be [N, G, H], got {tuple(inp.hidden.shape)}")
+    N, G, H = inp.hidden.shape
+    if N == 0 or G == 0:
+        raise ValueError(f"need at least one window and one slot, got hidden {tuple(inp.hidden.shape)}")
+    if inp.weight.dim() != 2 or inp.weight.shape[1] != H:
+        raise ValueError(f"weight must be [V, {H}], got {tuple(inp.weight.shape)}")
+    for name in ("labels", "valid"):
+        if getattr(inp, name).shape != (N, G):
+            raise ValueError(f"{name} must be [N, G] = {(N, G)}, got {tuple(getattr(inp, name).shape)}")
+    if inp.valid.dtype != torch.bool:
+        raise ValueError(f"valid must be bool, got {inp.valid.dtype}")
+    if not inp.temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {inp.temperature}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared pieces of the losses
+
+
+def _alive(valid: Tensor) -> Tensor:
+    """``[N, G]`` slots a streak product reaches: valid and no invalid slot before them."""
+    return valid.long().cumprod(1).bool()
+
+
+def _slot_logprobs(inp: LossInput, chunk: int, temperature: float | None = None, rows: slice = slice(None)) -> Tensor:
+    """``[N, G']`` fp32 ℓ_j = log q_j(x_j) for the slots ``rows``; 0 at invalid slots (their labels may be junk)."""
+    valid, hidden = inp.valid[:, rows], inp.hidden[:, rows]
+    labels = torch.where(valid, inp.labels[:, rows], 0)
+    N, G = labels.shape
+    ell = chunked_logprobs(
+        hidden.reshape(N * G, -1),
+        inp.weight,
+        labels.reshape(N * G, 1),
+        temperature=inp.temperature if temperature is None else temperature,
+        chunk=chunk,
+    ).view(N, G)
+    return torch.where(valid, ell, 0.0)
+
+
+def _output(loss: Tensor, ell: Tensor, valid: Tensor, **extra: Any) -> LossOutput:
+    """Loss plus the metrics every loss reports, from label log-probs ``ell`` ``[N, G]``."""
+    with torch.no_grad():
+        ell = torch.where(valid, ell.detach(), 0.0)
+        q_sum = torch.where(valid, ell.exp(), 0.0).sum(0).tolist()
+        count = valid.sum(0).tolist()
+        alive = _alive(valid)
+        streak = torch.where(alive, ell.cumsum(1).exp(), 0.0).sum(1).mean()
+    metrics = {
+        "loss": float(loss.detach()),
+        "q_mean_j": [s / c if c else None for s, c in zip(q_sum, count, strict=True)],
+        "streak_q": float(streak),
+        **extra,
+    }
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Losses (per window, then averaged over the N windows)
+
+
+@register_loss("streak")
+def streak_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``-Σ_m v_m exp(Σ_{j≤m} ℓ_j)``: the drafter's expected streak on the verifier's tokens (SpecDiff-2 Def. 5.1).
+
+    Its gradient is ``-Σ_j W_j ∇ℓ_j`` with ``W_j = Σ_{m≥j} Π_{i≤m} q_i(x_i)``."""
+    alive = _alive(inp.valid)
+    ell = torch.where(alive, _slot_logprobs(inp, settings.chunk), 0.0)
+    streak = torch.where(alive, ell.cumsum(1).exp(), 0.0)
+    return _output(-streak.sum() / ell.shape[0], ell, inp.valid)
+
+
+@register_loss("ce_streak")
+def ce_streak_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``-Σ_m v_m sg(exp(Σ_{j<m} ℓ_j)) ℓ_m`` (SpecDiff-2 Eq. 9); ``inclusive`` uses ``j ≤ m`` in the weight."""
+    alive = _alive(inp.valid)
+    ell = torch.where(alive, _slot_logprobs(inp, settings.chunk), 0.0)
+    with torch.no_grad():
+        through = ell.cumsum(1)
+        if not settings.inclusive:
+            # An explicit exclusive cumsum rather than cumsum - ℓ: no cancellation when ℓ is very negative.
+            through = torch.cat([torch.zeros_like(through[:, :1]), through[:, :-1]], 1)
+        weight = torch.where(alive, through.exp(), 0.0)
+    return _output(-(weight * ell).sum() / ell.shape[0], ell, inp.valid)
+
+
+@register_loss("expce")
+def expce_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``-Σ_m v_m λ^{m-1} ℓ_m``: cross-entropy with a fixed exponential decay over window positions."""
+    ell = _slot_logprobs(inp, settings.chunk)
+    decay = settings.lam ** torch.arange(ell.shape[1], device=ell.device, dtype=torch.float32)
+    return _output(-(torch.where(inp.valid, ell, 0.0) * decay).sum() / ell.shape[0], ell, inp.valid)
+
+
+@register_loss("mdm")
+def mdm_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """Masked-diffusion CE ``-Σ_j masked_j v_j ℓ_j / t`` summed over windows and divided by the number of valid
+    slots in the batch (as ``pretrain.mdm_window_loss``), at temperature 1 whatever ``inp.temperature`` says."""
+    if inp.masked is None or inp.rate is None:
+        raise ValueError("mdm needs LossInput.masked [N, G] and LossInput.rate [N] (the window mask rates)")
+    N, G = inp.valid.shape
+    if inp.masked.shape != (N, G):
+        raise ValueError(f"masked must be [N, G] = {(N, G)}, got {tuple(inp.masked.shape)}")
+    if inp.rate.numel() != N:
+        raise ValueError(f"rate must hold one mask rate per window ({N}), got {tuple(inp.rate.shape)}")
+    ell = _slot_logprobs(inp, settings.chunk, temperature=1.0)
+    use = inp.masked.bool() & inp.valid
+    weighted = torch.where(use, ell / inp.rate.reshape(N, 1).float(), 0.0)
+    return _output(-weighted.sum() / inp.valid.sum().clamp(min=1), ell, inp.valid)
+
+
+_NO_TEACHER = (
+    "{loss} needs the verifier's distribution: store top-k logprobs with data.topk_logprobs=20 in "
+    "stage=trajectories, or use method.teacher=online"
+)
+
+
+def _teacher_divergence(inp: LossInput, settings: LossSettings, loss: str, rows: slice) -> tuple[Tensor, Tensor]:
+    """``(D [N, G'], ℓ [N, G'])`` for the slots ``rows``: the divergence between verifier and drafter per slot and
+    the drafter's label log-probs, 0 at invalid slots.
+
+    With full ``teacher_logits`` the divergence runs over the whole vocabulary (chunked). With top-k
+    ``teacher_ids``/``teacher_logprobs`` both p and q are restricted to the teacher's k ids and renormalised there:
+    the practical approximation DistillSpec-style training on stored log-probs uses (exact when k = V).
+    """
+    if settings.divergence not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {settings.divergence!r}; valid: {sorted(DIVERGENCES)}")
+    if settings.divergence == "jsd" and not 0 < settings.beta < 1:
+        raise ValueError(f"jsd needs 0 < beta < 1, got {settings.beta}")
+    valid, hidden = inp.valid[:, rows], inp.hidden[:, rows]
+    labels = torch.where(valid, inp.labels[:, rows], 0)
+    N, G = labels.shape
+    flat_h = hidden.reshape(N * G, -1)
+    if inp.teacher_logits is not None:
+        teacher = inp.teacher_logits[:, rows]
+        if teacher.shape != (N, G, inp.weight.shape[0]):
+            raise ValueError(
+                f"teacher_logits must be [N, G, V] with the drafter's V = {inp.weight.shape[0]}, "
+                f"got {tuple(inp.teacher_logits.shape)}"
+            )
+        div, ell = chunked_divergence(
+            flat_h,
+            inp.weight,
+            teacher.reshape(N * G, -1),
+            labels.reshape(-1),
+            name=settings.divergence,
+            beta=settings.beta,
+            temperature=inp.temperature,
+            chunk=settings.chunk,
+        )
+    elif inp.teacher_ids is not None and inp.teacher_logprobs is not None:
+        ids, logp = inp.teacher_ids[:, rows], inp.teacher_logprobs[:, rows]
+        if ids.shape[:2] != (N, G) or ids.shape != logp.shape:
+            raise ValueError(
+                f"teacher_ids and teacher_logprobs must both be [N, G, k], got {tuple(inp.teacher_ids.shape)} "
+                f"and {tuple(inp.teacher_logprobs.shape)}"
+            )
+        # Invalid slots may hold padding (-inf log-probs, junk ids); give them a harmless uniform teacher so no
+        # NaN appears even in terms that are masked away (NaN * 0 would still poison gradients).
+        ids = torch.where(valid[..., None], ids, 0).reshape(N * G, -1)
+        logp = torch.where(valid[..., None], logp.float(), 0.0).reshape(N * G, -1)
+        both = chunked_logprobs(
+            flat_h,
+            inp.weight,
+            torch.cat([labels.reshape(-1, 1), ids], 1),
+            temperature=inp.temperature,
+            chunk=settings.chunk,
+        )
+        ell = both[:, 0].detach()
+        terms = divergence_terms(settings.divergence, logp.log_softmax(-1), both[:, 1:].log_softmax(-1), settings.beta)
+        div = terms.sum(-1)
+    else:
+        raise ValueError(_NO_TEACHER.format(loss=loss))
+    zero = torch.zeros((), device=div.device)
+    return torch.where(valid, div.view(N, G), zero), torch.where(valid, ell.view(N, G), zero)
+
+
+@register_loss("distillspec")
+def distillspec_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``Σ_j v_j D(p_j || q_j)`` averaged over each window's valid slots, then over windows (DistillSpec).
+
+    ``settings.divergence`` ∈ fkl, rkl, jsd (``settings.beta``), tvd. The teacher is ``inp.teacher_logits`` (full
+    vocabulary) or the stored top-k (``teacher_ids``/``teacher_logprobs``, both p and q renormalised on the k ids);
+    see ``_teacher_divergence``."""
+    div, ell = _teacher_divergence(inp, settings, "distillspec", slice(None))
+    per_window = div.sum(1) / inp.valid.sum(1).clamp(min=1)
+    mean_div = float(div.detach().sum() / inp.valid.sum().clamp(min=1))
+    return _output(per_window.mean(), ell, inp.valid, divergence=mean_div)
+
+
+@register_loss("ar_distill")
+def ar_distill_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``D(p_1 || q_1)`` on the first slot only, averaged over the windows whose first slot is valid (the
+    AR-distillation baseline). The metrics still score every slot, at the cost of one gradient-free pass over V."""
+    div, _ = _teacher_divergence(inp, settings, "ar_distill", slice(0, 1))
+    first = inp.valid[:, 0]
+    loss = div[:, 0].sum() / first.sum().clamp(min=1)
+    with torch.no_grad():
+        ell = _slot_logprobs(inp, settings.chunk)
+    return _output(loss, ell, inp.valid, divergence=float(loss.detach()))
