@@ -205,6 +205,11 @@ class TrainerConfig:
     activation_checkpointing: bool = False
     save_every: int = 500
     eval_every: int = 500
+    log_every: int = 10
+    eval_sources: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])  # held-out prompts
+    eval_prompts: int = 16  # per source, for the simulated streak and the decoder check
+    windows_per_seq: int = 8  # windows packed per trajectory (prefix_causal drafters)
+    stride: int = 1  # completion positions between window offsets
     lora: LoraConfig = field(default_factory=LoraConfig)
     wandb_project: str | None = "streakline"
 

@@ -238,8 +238,12 @@ def _trainer(cfg: DictConfig) -> None:
     _between(cfg, "trainer.min_lr_ratio", 0.0, 1.0)
     _at_least(cfg, "trainer.grad_clip", 0.0)
     _at_least(cfg, "trainer.warmup_steps", 0)
-    for key in ("max_steps", "micro_batch_size", "grad_accum", "save_every", "eval_every"):
+    for key in (
+        "max_steps", "micro_batch_size", "grad_accum", "save_every", "eval_every", "log_every", "windows_per_seq",
+        "stride",
+    ):  # fmt: skip
         _at_least(cfg, f"trainer.{key}", 1)
+    _at_least(cfg, "trainer.eval_prompts", 0)
     if cfg.trainer.lora.enabled:
         _at_least(cfg, "trainer.lora.r", 1)
         _positive(cfg, "trainer.lora.alpha")

@@ -1,0 +1,157 @@
+"""The one seam for distributed training: a strategy object around DeepSpeed (DESIGN.md convention 8).
+
+Everything the trainer needs from the distributed world goes through ``DeepSpeedStrategy``:
+
+    strategy = DeepSpeedStrategy(trainer_cfg, seed=0)           # joins torchrun's process group, or makes a 1-rank one
+    engine = strategy.setup(module)                             # ZeRO 0/2/3, fp32/bf16, clipping, warmup+cosine LR
+    loss, metrics = engine(batch); strategy.step(engine, loss)  # backward + (accumulated) optimizer step
+    strategy.save(engine, folder, client_state)                 # DeepSpeed state for exact resume
+    state = strategy.full_state_dict(engine, folder)            # consolidated weights on rank 0 (ZeRO-3 included)
+
+Process groups: under ``torchrun`` (``WORLD_SIZE`` set) the ranks rendezvous as torchrun says, across nodes too;
+otherwise a single-rank group on localhost. The backend is NCCL on GPUs and gloo on CPUs (the tests run ZeRO-2 and
+ZeRO-3 on 2 CPU ranks). The learning-rate schedule is a plain ``LambdaLR`` (linear warmup, cosine decay to
+``min_lr_ratio``) so that it is saved and restored with the engine.
+
+ZeRO-3 partitions parameters and gathers each one when its module runs. A module that reads another module's
+weight directly (the drafter's output matrix in the chunked losses) must say so: ``setup`` registers such
+parameters, listed by the module's ``external_parameters()``, with DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Any
+
+import torch
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Multiplier of the peak LR at optimizer step ``s``: linear warmup, then cosine to ``min_ratio`` at ``total``."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+class DeepSpeedStrategy:
+    def __init__(self, trainer_cfg: Any, seed: int = 0) -> None:
+        import deepspeed
+        import torch.distributed as dist
+
+        self.cfg = trainer_cfg
+        self.cuda = torch.cuda.is_available()
+        backend = "nccl" if self.cuda else "gloo"
+        if not dist.is_initialized():
+            if "WORLD_SIZE" not in os.environ:
+                # a plain `python launch.py ...`: a group of one on a free port. Not through os.environ, which child
+                # processes (a torchrun the user starts from here, the tests' subprocesses) would inherit.
+                dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+                os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine insists on it; WORLD_SIZE stays unset
+            else:
+                deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = torch.device(f"cuda:{self.local_rank}" if self.cuda else "cpu")
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        self.dtype = PRECISIONS[trainer_cfg.precision]
+        torch.manual_seed(seed)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def ds_config(self) -> dict[str, Any]:
+        c = self.cfg
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": c.micro_batch_size,
+            "gradient_accumulation_steps": c.grad_accum,
+            "gradient_clipping": c.grad_clip,
+            "zero_optimization": {"stage": c.zero_stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": c.lr, "betas": [0.9, 0.95], "weight_decay": 0.0}},
+            "steps_per_print": 10**9,  # our tracker reports; DeepSpeed's own prints would interleave with tqdm
+            "wall_clock_breakdown": False,
+        }
+        if c.precision == "bf16":
+            config["bf16"] = {"enabled": True}
+        elif c.precision == "fp16":
+            config["fp16"] = {"enabled": True}
+        if not self.cuda:
+            # DeepSpeed's fused CUDA Adam is not there on CPU; the torch implementation is
+            config["optimizer"]["params"]["torch_adam"] = True
+        return config
+
+    def setup(self, module: torch.nn.Module):
+        import deepspeed
+
+        module = module.to(self.device)
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(self.cfg.warmup_steps, self.cfg.max_steps, self.cfg.min_lr_ratio)
+        )
+        config = self.ds_config()
+        config.pop("optimizer")
+        engine, _, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False
+        )
+        if self.cfg.zero_stage == 3 and hasattr(module, "external_parameters"):
+            for owner, param in module.external_parameters():
+                deepspeed.zero.register_external_parameter(owner, param)
+        return engine
+
+    def step(self, engine, loss: torch.Tensor) -> None:
+        engine.backward(loss)
+        engine.step()
+
+    def save(self, engine, folder: str | os.PathLike, tag: str, client_state: dict[str, Any]) -> None:
+        """DeepSpeed state (weights, optimizer, scheduler) plus ``client_state``; collective: every rank calls it."""
+        engine.save_checkpoint(str(folder), tag=tag, client_state=client_state)
+
+    def load(self, engine, folder: str | os.PathLike, tag: str) -> dict[str, Any]:
+        _, client_state = engine.load_checkpoint(str(folder), tag=tag)
+        if client_state is None:
+            raise RuntimeError(f"no DeepSpeed checkpoint {tag!r} in {folder}")
+        return client_state
+
+    def full_state_dict(self, engine, folder: str | os.PathLike, tag: str) -> dict[str, torch.Tensor] | None:
+        """The module's complete fp32 state dict on rank 0 (None elsewhere); read back from the saved checkpoint
+        under ZeRO-3, where no rank holds every weight."""
+        if self.cfg.zero_stage == 3:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            self.barrier()
+            if not self.is_main:
+                return None
+            return get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=tag)
+        if not self.is_main:
+            return None
+        return {k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()}
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def all_reduce_mean(self, value: float) -> float:
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return float(t) / self.world_size

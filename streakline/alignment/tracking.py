@@ -1,0 +1,78 @@
+"""Training metrics: always a JSONL file, and W&B when a project is set (``WANDB_MODE=offline`` works without network).
+
+    tracker = Tracker(run_dir / "metrics.jsonl", project="streakline", run_id=cfg_hash, config=plain_cfg, enabled=rank0)
+    tracker.log({"loss": 0.3, "lr": 1e-4}, step=10)
+    tracker.close()
+
+Only the main rank writes (``enabled=False`` elsewhere makes every call a no-op). The JSONL file is appended to, so a
+resumed run continues the same file; each line is ``{"step": n, ...}``. W&B resumes the same run id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class Tracker:
+    def __init__(
+        self,
+        jsonl: str | os.PathLike,
+        *,
+        project: str | None = None,
+        run_id: str | None = None,
+        config: dict | None = None,
+        enabled: bool = True,
+        name: str | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.path = Path(jsonl)
+        self.wandb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if project:
+            import wandb
+
+            self.wandb = wandb.init(
+                project=project,
+                id=run_id,
+                name=name,
+                resume="allow",
+                config=config,
+                dir=str(self.path.parent),
+                reinit="finish_previous",
+            )
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **_plain(metrics)}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            flat = {}
+            for key, value in metrics.items():
+                if isinstance(value, list | tuple):  # per-position lists become one scalar series per position
+                    flat.update({f"{key}/{j + 1}": v for j, v in enumerate(value) if v is not None})
+                elif value is not None:
+                    flat[key] = value
+            self.wandb.log(flat, step=step)
+
+    def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None

@@ -1,0 +1,220 @@
+"""The distillation trainer: drafter windows in, registered loss, DeepSpeed steps, checkpoints, exact resume.
+
+    module = DraftTrainModule(drafter, settings, mask_id=..., temperature=1.0, verifier=None)
+    engine = strategy.setup(module)
+    trainer = Trainer(strategy, engine, windows, trainer_cfg, run_dir, tracker, evaluate=fn, export=fn)
+    trainer.fit(start_step=trainer.resume())
+
+Data: rank r at optimizer step s, micro-step a reads micro-batch ``(s * grad_accum + a) * world + r`` of the window
+stream (``TrajectoryWindows.batches``), so a resumed run, whatever killed it, sees exactly the batches an
+uninterrupted run would have seen. Checkpoints every ``save_every`` steps: DeepSpeed state under ``deepspeed/``
+(weights, optimizer, LR schedule, data position and RNG states as client state) and a Hugging Face folder under
+``checkpoints/step-XXXXXX/`` that the decoder loads directly (LoRA merged). SIGTERM / SIGUSR1 (Slurm preemption)
+finish the current step, save, and stop with ``Preempted``. ``STREAKLINE_FAULT_SIGTERM_AT_STEP=n`` (tests) sends
+the process a SIGTERM after step n.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from streakline.models import Transformer
+
+from .data import TrajectoryWindows, WindowBatch, unpack_windows
+from .losses import LossInput, LossSettings, compute_loss
+
+FAULT_SIGTERM_AT = "STREAKLINE_FAULT_SIGTERM_AT_STEP"
+
+
+class Preempted(SystemExit):
+    """Raised after a preemption signal once the checkpoint is safe; exits with status 143 like a SIGTERM."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(143)
+        self.step = step
+
+
+class DraftTrainModule(nn.Module):
+    """Drafter + loss as one module, so DeepSpeed wraps (and ZeRO-3 gathers) everything the loss touches."""
+
+    def __init__(
+        self,
+        drafter: Transformer,
+        settings: LossSettings,
+        *,
+        mask_id: int,
+        temperature: float = 1.0,
+        verifier: Transformer | None = None,
+    ) -> None:
+        super().__init__()
+        self.drafter = drafter
+        self.settings, self.mask_id, self.temperature = settings, mask_id, temperature
+        self.packed = drafter.config.attention == "prefix_causal"
+        self._verifier = [verifier] if verifier is not None else []  # a list: not a submodule, never trained
+
+    def external_parameters(self):
+        return [(self, self.drafter.output_weight)]
+
+    def forward(self, batch: WindowBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        device = self.drafter.embed.weight.device
+        batch = batch.to(device)
+        shift = self.drafter.config.shift
+        keep = batch.window_valid.flatten()
+        if self.packed:
+            packed = batch.pack(self.mask_id, shift)
+            h = self.drafter.hidden(packed.input_ids, position_ids=packed.position_ids, attn_mask=packed.attn_mask)
+            B, W, G = packed.logit_index.shape
+            index = packed.logit_index.reshape(B, W * G)
+            picked = torch.gather(h, 1, index[:, :, None].expand(-1, -1, h.shape[-1])).view(B * W, G, -1)[keep]
+        else:
+            ids, attn, prefix_len, _, _ = unpack_windows(batch, self.mask_id)
+            h = self.drafter.hidden(ids, attention_mask=attn, prefix_len=prefix_len)
+            G = batch.labels.shape[-1]
+            slots = prefix_len[:, None] + torch.arange(G, device=device) - (1 if shift else 0)
+            picked = torch.gather(h, 1, slots[:, :, None].expand(-1, -1, h.shape[-1]))
+        labels = batch.labels.flatten(0, 1)[keep]
+        valid = batch.valid.flatten(0, 1)[keep]
+        teacher = {}
+        if batch.teacher_ids is not None:
+            teacher = {
+                "teacher_ids": batch.teacher_ids.flatten(0, 1)[keep],
+                "teacher_logprobs": batch.teacher_logprobs.flatten(0, 1)[keep].float(),
+            }
+        elif self._verifier:
+            teacher = {"teacher_logits": self._teacher_logits(batch)[keep]}
+        out = compute_loss(
+            LossInput(
+                hidden=picked,
+                weight=self.drafter.output_weight,
+                labels=labels,
+                valid=valid,
+                temperature=self.temperature,
+                **teacher,
+            ),
+            self.settings,
+        )
+        return out.loss, out.metrics
+
+    @torch.no_grad()
+    def _teacher_logits(self, batch: WindowBatch) -> torch.Tensor:
+        """``[B*W, G, V]`` online verifier logits for every slot: the verifier predicts position ``i`` from ``i-1``."""
+        verifier = self._verifier[0]
+        logits = verifier(batch.clean, attention_mask=batch.pad_valid.long())
+        B, W, G = batch.labels.shape
+        pos = (batch.offsets[:, :, None] + torch.arange(G, device=logits.device) - 1).clamp(0, logits.shape[1] - 1)
+        index = pos.reshape(B, W * G)
+        picked = torch.gather(logits, 1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
+        return picked.view(B * W, G, -1).float()
+
+
+class Trainer:
+    def __init__(
+        self,
+        strategy,
+        engine,
+        windows: TrajectoryWindows,
+        cfg,
+        run_dir: Path,
+        tracker,
+        *,
+        evaluate: Callable[[int], dict[str, Any]] | None = None,
+        export: Callable[[int, dict[str, torch.Tensor]], Path] | None = None,
+    ) -> None:
+        self.strategy, self.engine, self.windows, self.cfg = strategy, engine, windows, cfg
+        self.run_dir, self.tracker = Path(run_dir), tracker
+        self.evaluate, self.export = evaluate, export
+        self.ds_dir = self.run_dir / "deepspeed"
+        self.preempted = False
+        self.sigterm_at = int(os.environ.get(FAULT_SIGTERM_AT, "0") or 0)
+        self.last_export: Path | None = None
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Load the latest DeepSpeed checkpoint of this run folder, if any; return the step to continue from."""
+        latest = self.ds_dir / "latest"
+        if not latest.is_file():
+            return 0
+        tag = latest.read_text().strip()
+        state = self.strategy.load(self.engine, self.ds_dir, tag)
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+        if self.strategy.is_main:
+            print(f"distill: resumed from {self.ds_dir / tag} at step {state['step']}")
+        return int(state["step"])
+
+    # ------------------------------------------------------------------ loop
+    def fit(self, start_step: int = 0) -> dict[str, Any]:
+        c = self.cfg
+        world, rank = self.strategy.world_size, self.strategy.rank
+        first = start_step * c.grad_accum * world + rank
+        stream = islice(self.windows.batches(c.micro_batch_size, start=first), 0, None, world)
+        handlers = self._trap_signals()
+        last: dict[str, Any] = {}
+        try:
+            t0, tokens = time.perf_counter(), 0
+            for step in range(start_step, c.max_steps):
+                metrics: dict[str, Any] = {}
+                for _ in range(c.grad_accum):
+                    batch = next(stream)
+                    loss, metrics = self.engine(batch)
+                    self.strategy.step(self.engine, loss)
+                    tokens += int(batch.valid.sum())
+                done = step + 1
+                if done == self.sigterm_at:  # fault injection (tests): a preemption notice at a known step
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if self.strategy.is_main and (done % max(1, c.log_every) == 0 or done == c.max_steps):
+                    elapsed = time.perf_counter() - t0
+                    last = {
+                        **metrics,
+                        "loss": float(loss.detach()),  # rank 0's micro-batch (other ranks see other data)
+                        "lr": self.engine.get_lr()[0],
+                        "label_tokens_per_s": tokens * world / max(elapsed, 1e-9),
+                        "zero_stage": c.zero_stage,
+                    }
+                    self.tracker.log(last, step=done)
+                if self.evaluate is not None and (done % c.eval_every == 0 or done == c.max_steps):
+                    result = self.evaluate(done)
+                    if result:
+                        self.tracker.log(result, step=done)
+                        last.update(result)
+                if done % c.save_every == 0 or done == c.max_steps or self.preempted:
+                    self.save(done)
+                if self.preempted:
+                    raise Preempted(done)
+        finally:
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+        return last
+
+    def save(self, step: int) -> None:
+        tag = f"step-{step:06d}"
+        state = {"step": step, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+        self.strategy.save(self.engine, self.ds_dir, tag, state)
+        full = self.strategy.full_state_dict(self.engine, self.ds_dir, tag)
+        if full is not None and self.export is not None:
+            self.last_export = self.export(step, full)
+        self.strategy.barrier()
+
+    def _trap_signals(self) -> dict:
+        def handler(signum, frame):
+            if self.strategy.is_main:
+                print(f"distill: got signal {signum}; saving a checkpoint after this step", flush=True)
+            self.preempted = True
+
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            try:
+                old[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread (e.g. inside a test runner thread): no signal handling
+                pass
+        return old

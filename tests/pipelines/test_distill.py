@@ -1,0 +1,155 @@
+"""stage=distill on the micro world: the loss falls, the drafter exports and decodes, preemption resumes exactly,
+LoRA merges on export, and ZeRO-2 / ZeRO-3 on 2 CPU ranks train like one process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.alignment.trainer import FAULT_SIGTERM_AT
+from streakline.config import ConfigError, compose_config
+from streakline.models import load_pretrained
+from streakline.pipelines import run_stage
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = [
+    "data.max_prompts=16",
+    "data.samples_per_prompt=1",
+    "data.max_new_tokens=24",
+    "data.num_shards=2",
+    "data.batch_size=8",
+    "data.topk_logprobs=4",
+]
+TRAIN = [
+    "trainer.max_steps=12",
+    "trainer.micro_batch_size=2",
+    "trainer.lr=3e-3",
+    "trainer.warmup_steps=2",
+    "trainer.save_every=6",
+    "trainer.eval_every=12",
+    "trainer.log_every=1",
+    "trainer.eval_prompts=2",
+    "trainer.windows_per_seq=4",
+]
+
+
+def _overrides(root, experiment, *extra):
+    return ["model=micro", f"run_root={root}", f"experiment.name={experiment}", *DATA, *TRAIN, *extra]
+
+
+@pytest.fixture(scope="module")
+def world(micro_world):
+    root = micro_world[0]
+    run_stage(compose_config(["stage=trajectories", *_overrides(root, "distill-data")]))
+    return root
+
+
+def _distill(root, experiment, *extra):
+    return run_stage(compose_config(["stage=distill", *_overrides(root, experiment), *extra]))
+
+
+def _losses(folder):
+    lines = [json.loads(x) for x in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+    return [x["loss"] for x in lines if "loss" in x]
+
+
+def _weights(folder):
+    return load_pretrained(folder).state_dict()
+
+
+@pytest.fixture(scope="module")
+def streak_run(world):
+    return _distill(world, "distill-data", "method=streak")
+
+
+def test_streak_distillation_lowers_the_loss_and_exports_a_decodable_drafter(world, streak_run, capsys):
+    losses = _losses(streak_run["folder"])
+    assert len(losses) == 12
+    assert sum(losses[-3:]) < sum(losses[:3])  # streak loss is -E[accepted]: it must fall as the drafter aligns
+    metrics = streak_run["metrics"]
+    assert "eval/tiny-math/sim_streak" in metrics and len(metrics["q_mean_j"]) == 4
+    capsys.readouterr()
+    out = run_stage(
+        compose_config(
+            ["stage=decode", "model=micro", f"run_root={world}", "decoder=diffusion_draft", "prompt_ids=[5,6,7]",
+             f"model.drafter.path={streak_run['drafter']}", "decoder.max_new_tokens=8"]
+        )
+    )  # fmt: skip
+    vanilla = run_stage(
+        compose_config(["stage=decode", "model=micro", f"run_root={world}", "decoder=vanilla", "prompt_ids=[5,6,7]",
+                        "decoder.max_new_tokens=8"])
+    )  # fmt: skip
+    assert out["token_ids"] == vanilla["token_ids"]
+    again = _distill(world, "distill-data", "method=streak")  # complete: found, not retrained
+    assert again["resumed_from"] is None
+
+
+def test_preemption_saves_and_the_rerun_resumes_bit_exactly(world, streak_run):
+    # another experiment folder, same settings: the same trajectories and, uninterrupted, the same drafter
+    run_stage(compose_config(["stage=trajectories", *_overrides(world, "distill-preempt")]))
+    env = dict(os.environ, **{FAULT_SIGTERM_AT: "4"})
+    proc = subprocess.run(
+        [sys.executable, "launch.py", "stage=distill", *_overrides(world, "distill-preempt", "method=streak",
+                                                                     "trainer.save_every=100")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "saving a checkpoint" in proc.stdout
+    resumed = _distill(world, "distill-preempt", "method=streak", "trainer.save_every=100")
+    assert resumed["resumed_from"] == 4
+    ref, got = _weights(streak_run["drafter"]), _weights(resumed["drafter"])
+    assert ref.keys() == got.keys()
+    for k in ref:
+        assert torch.equal(ref[k], got[k]), k
+
+
+def test_lora_exports_a_merged_checkpoint(world):
+    res = _distill(world, "distill-data", "method=ce_streak", "trainer.lora.enabled=true", "trainer.lora.r=4",
+                   "trainer.max_steps=4", "trainer.save_every=4", "trainer.eval_every=4")  # fmt: skip
+    merged = _weights(res["drafter"])
+    assert not any("lora" in k for k in merged)
+    base = compose_config(["stage=distill", *_overrides(world, "distill-data")])
+    from streakline.pipelines.bootstrap import attach_world
+
+    base_weights = _weights(attach_world(base, progress=False).model.drafter.path)
+    changed = [k for k in merged if not torch.equal(merged[k], base_weights[k])]
+    assert changed and all(
+        k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in changed
+    )
+
+
+def test_distillspec_reads_stored_teacher_logprobs(world):
+    res = _distill(world, "distill-data", "method=distillspec", "method.divergence=tvd", "trainer.max_steps=3",
+                   "trainer.save_every=3", "trainer.eval_every=3")  # fmt: skip
+    assert len(_losses(res["folder"])) == 3
+
+
+def test_missing_trajectories_are_refused(world):
+    with pytest.raises(ConfigError, match="stage=trajectories"):
+        _distill(world, "distill-data", "data.max_prompts=3")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
+    steps = ["method=streak", "trainer.max_steps=6", "trainer.save_every=6", "trainer.eval_every=6",
+             "trainer.warmup_steps=1"]  # fmt: skip
+    single = _distill(world, "distill-data", *steps, "trainer.micro_batch_size=2")
+    ranks = [*steps, f"trainer=zero{stage}", "trainer.precision=fp32", "trainer.micro_batch_size=1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "launch.py",
+         "stage=distill", *_overrides(world, "distill-data", *ranks)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = _distill(world, "distill-data", *ranks)  # finds the 2-rank run complete: its folder, nothing retrained
+    assert two["resumed_from"] is None and two["folder"] != single["folder"]
+    losses = _losses(two["folder"])
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    # rank r reads micro-batch 2s + r: the two ranks see the single process's batches, split in halves
+    a, b = _weights(single["drafter"]), _weights(two["drafter"])
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=5e-3)
