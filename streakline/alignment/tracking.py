@@ -4,6 +4,7 @@
     tracker.log({"loss": 0.3, "lr": 1e-4}, step=10)
     tracker.close()
 
+Without a W&B API key the run is logged offline (``wandb sync`` uploads it later) instead of failing.
 Only the main rank writes (``enabled=False`` elsewhere makes every call a no-op). The JSONL file is appended to, so a
 resumed run continues the same file; each line is ``{"step": n, ...}``. W&B resumes the same run id.
 """
@@ -47,7 +48,7 @@ class Tracker:
         if project:
             import wandb
 
-            self.wandb = wandb.init(
+            kwargs = dict(
                 project=project,
                 id=run_id,
                 name=name,
@@ -56,6 +57,11 @@ class Tracker:
                 dir=str(self.path.parent),
                 reinit="finish_previous",
             )
+            try:
+                self.wandb = wandb.init(**kwargs)
+            except wandb.errors.UsageError as e:  # no API key on this machine: keep the run, log it offline
+                print(f"W&B: {e}; logging offline under {self.path.parent / 'wandb'} (upload later with `wandb sync`)")
+                self.wandb = wandb.init(mode="offline", **kwargs)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:

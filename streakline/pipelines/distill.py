@@ -145,7 +145,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     finally:  # a preempted run too: W&B must close its run, or the resumed run cannot reopen the same id
         tracker.close()
     if main:
-        print(f"distill: drafter written to {out / 'drafter'}")
+        print(
+            f"distill: drafter written to {out / 'drafter'}\n"
+            f"  decode with it: python launch.py stage=decode model={cfg.model.name} decoder=diffusion_draft "
+            f"model.drafter.path={out / 'drafter'} 'prompt=\"...\"'"
+        )
     return {"folder": str(out), "drafter": str(out / "drafter"), "metrics": last, "resumed_from": start}
 
 
