@@ -153,3 +153,41 @@ def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
     a, b = _weights(single["drafter"]), _weights(two["drafter"])
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=5e-3)
+
+
+def test_two_nodes_rendezvous_on_localhost_and_train(world):
+    """Two torchrun invocations, as two Slurm nodes would start them, meet at a master address and train."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["method=expce", "trainer=zero2", "trainer.precision=fp32", "trainer.max_steps=3", "trainer.save_every=3",
+            "trainer.eval_every=3"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={rank}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "launch.py",
+                "stage=distill",
+                *_overrides(world, "distill-data", *args),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    done = _distill(world, "distill-data", *args)
+    assert done["resumed_from"] is None and len(_losses(done["folder"])) == 3
