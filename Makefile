@@ -31,6 +31,7 @@ demo: setup ## run the tiny world end to end (no downloads)
 	$(PY) launch.py stage=doctor model=tiny
 	$(PY) launch.py stage=bootstrap model=tiny
 	$(PY) launch.py stage=trajectories model=tiny
+	$(PY) launch.py stage=distill model=tiny method=ce_streak
 	$(PY) launch.py stage=decode model=tiny decoder=diffusion_draft decoder.max_new_tokens=64 \
 		'prompt="Carlos can fold 23 shirts per hour and Finn can fold 22 shirts per hour. Working together, how many hours will it take them to fold 405 shirts?\n"'
 

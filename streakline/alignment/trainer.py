@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from streakline.models import Transformer
 
@@ -34,6 +35,16 @@ from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
 
 FAULT_SIGTERM_AT = "STREAKLINE_FAULT_SIGTERM_AT_STEP"
+
+
+def summarize(result: dict[str, Any]) -> str:
+    """One line of the scalar evaluation numbers, e.g. ``tiny-math sim_streak 1.41 decoder_streak 1.52 | ...``."""
+    groups: dict[str, list[str]] = {}
+    for key, value in result.items():
+        parts = key.split("/")
+        if len(parts) == 3 and isinstance(value, float | int):
+            groups.setdefault(parts[1], []).append(f"{parts[2]} {value:.3f}")
+    return " | ".join(f"{name} " + " ".join(items) for name, items in groups.items())
 
 
 class Preempted(SystemExit):
@@ -160,6 +171,10 @@ class Trainer:
         stream = islice(self.windows.batches(c.micro_batch_size, start=first), 0, None, world)
         handlers = self._trap_signals()
         last: dict[str, Any] = {}
+        bar = tqdm(
+            total=c.max_steps, initial=start_step, desc="distill", unit="step", disable=not self.strategy.is_main,
+            dynamic_ncols=True,
+        )  # fmt: skip
         try:
             t0, tokens = time.perf_counter(), 0
             for step in range(start_step, c.max_steps):
@@ -182,16 +197,20 @@ class Trainer:
                         "zero_stage": c.zero_stage,
                     }
                     self.tracker.log(last, step=done)
+                    bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['lr']:.2e}", refresh=False)
+                bar.update(1)
                 if self.evaluate is not None and (done % c.eval_every == 0 or done == c.max_steps):
                     result = self.evaluate(done)
                     if result:
                         self.tracker.log(result, step=done)
                         last.update(result)
+                        bar.write(f"step {done}: " + summarize(result))
                 if done % c.save_every == 0 or done == c.max_steps or self.preempted:
                     self.save(done)
                 if self.preempted:
                     raise Preempted(done)
         finally:
+            bar.close()
             for sig, old in handlers.items():
                 signal.signal(sig, old)
         return last
