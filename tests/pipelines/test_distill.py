@@ -128,6 +128,13 @@ def test_distillspec_reads_stored_teacher_logprobs(world):
     assert len(_losses(res["folder"])) == 3
 
 
+def test_distillspec_with_an_online_verifier_teacher(world):
+    res = _distill(world, "distill-data", "method=distillspec", "method.teacher=online", "method.divergence=jsd",
+                   "trainer.max_steps=3", "trainer.save_every=3", "trainer.eval_every=3")  # fmt: skip
+    losses = _losses(res["folder"])
+    assert len(losses) == 3 and all(x > 0 for x in losses)  # a JSD between two different models is positive
+
+
 def test_missing_trajectories_are_refused(world):
     with pytest.raises(ConfigError, match="stage=trajectories"):
         _distill(world, "distill-data", "data.max_prompts=3")
