@@ -66,10 +66,14 @@ class DraftTrainModule(nn.Module):
         mask_id: int,
         temperature: float = 1.0,
         verifier: Transformer | None = None,
+        onpolicy_mix: float = 0.0,
     ) -> None:
         super().__init__()
+        if onpolicy_mix > 0 and verifier is None:
+            raise ValueError("on-policy windows need the online verifier to score them (method.teacher=online)")
         self.drafter = drafter
         self.settings, self.mask_id, self.temperature = settings, mask_id, temperature
+        self.onpolicy_mix = onpolicy_mix
         self.packed = drafter.config.attention == "prefix_causal"
         self._verifier = [verifier] if verifier is not None else []  # a list: not a submodule, never trained
 
@@ -96,7 +100,16 @@ class DraftTrainModule(nn.Module):
         labels = batch.labels.flatten(0, 1)[keep]
         valid = batch.valid.flatten(0, 1)[keep]
         teacher = {}
-        if batch.teacher_ids is not None:
+        if self.onpolicy_mix > 0:
+            # DistillSpec's on-policy data: a fraction of the windows get labels drafted by the drafter itself
+            # (one denoising step, x ~ Q at the training temperature), and the verifier scores those sequences
+            with torch.no_grad():
+                chosen = torch.rand(labels.shape[0], device=device) < self.onpolicy_mix
+                logits = self.drafter.logits(picked.detach()).float() / max(self.temperature, 1e-6)
+                sampled = torch.distributions.Categorical(logits=logits).sample()
+                labels = torch.where(chosen[:, None] & valid, sampled, labels)
+            teacher = {"teacher_logits": self._window_teacher_logits(batch, labels)}
+        elif batch.teacher_ids is not None:
             teacher = {
                 "teacher_ids": batch.teacher_ids.flatten(0, 1)[keep],
                 "teacher_logprobs": batch.teacher_logprobs.flatten(0, 1)[keep].float(),
@@ -115,6 +128,20 @@ class DraftTrainModule(nn.Module):
             self.settings,
         )
         return out.loss, out.metrics
+
+    @torch.no_grad()
+    def _window_teacher_logits(self, batch: WindowBatch, labels: torch.Tensor) -> torch.Tensor:
+        """``[N, G, V]`` verifier logits for each real window's slots given ``labels`` ``[N, G]`` as the window's
+        tokens: one verifier row ``[seq[:offset], labels]`` per window (slot j is predicted from position
+        ``offset + j - 1``)."""
+        verifier = self._verifier[0]
+        ids, attn, prefix_len, _, _ = unpack_windows(batch, self.mask_id)
+        G = labels.shape[1]
+        slots = prefix_len[:, None] + torch.arange(G, device=ids.device)
+        ids = ids.scatter(1, slots, labels)
+        logits = verifier(ids, attention_mask=attn.long())
+        pos = slots - 1
+        return torch.gather(logits, 1, pos[:, :, None].expand(-1, -1, logits.shape[-1])).float()
 
     @torch.no_grad()
     def _teacher_logits(self, batch: WindowBatch) -> torch.Tensor:

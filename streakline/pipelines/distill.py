@@ -70,6 +70,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except TrajectoryError as e:
         raise ConfigError(f"{e}\n(the trajectories for these settings are made by: python launch.py "
                           f"stage=trajectories with the same model and data options)") from e  # fmt: skip
+    if cfg.method.onpolicy_mix > 0 and (cfg.method.loss not in TEACHER_LOSSES or cfg.method.teacher != "online"):
+        raise ConfigError(
+            "method.onpolicy_mix > 0 drafts labels with the drafter and needs the verifier to score them: use it with "
+            "method=distillspec (or ar_distill) and method.teacher=online"
+        )
     stored_teacher = cfg.method.loss in TEACHER_LOSSES and cfg.method.teacher == "stored"
     drafter = build(cfg.model.drafter, "drafter").train()
     mask_id = drafter.config.mask_token_id
@@ -96,6 +101,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         mask_id=mask_id,
         temperature=cfg.method.drafter_temperature,
         verifier=verifier,
+        onpolicy_mix=cfg.method.onpolicy_mix,
     )
     engine = strategy.setup(module)
     main = strategy.is_main

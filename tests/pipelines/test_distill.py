@@ -128,9 +128,11 @@ def test_distillspec_reads_stored_teacher_logprobs(world):
     assert len(_losses(res["folder"])) == 3
 
 
-def test_distillspec_with_an_online_verifier_teacher(world):
+@pytest.mark.parametrize("onpolicy", [0.0, 0.5])
+def test_distillspec_with_an_online_verifier_teacher(world, onpolicy):
     res = _distill(world, "distill-data", "method=distillspec", "method.teacher=online", "method.divergence=jsd",
-                   "trainer.max_steps=3", "trainer.save_every=3", "trainer.eval_every=3")  # fmt: skip
+                   f"method.onpolicy_mix={onpolicy}", "trainer.max_steps=3", "trainer.save_every=3",
+                   "trainer.eval_every=3")  # fmt: skip
     losses = _losses(res["folder"])
     assert len(losses) == 3 and all(x > 0 for x in losses)  # a JSD between two different models is positive
 
@@ -138,6 +140,8 @@ def test_distillspec_with_an_online_verifier_teacher(world):
 def test_missing_trajectories_are_refused(world):
     with pytest.raises(ConfigError, match="stage=trajectories"):
         _distill(world, "distill-data", "data.max_prompts=3")
+    with pytest.raises(ConfigError, match="method.teacher=online"):
+        _distill(world, "distill-data", "method=streak", "method.onpolicy_mix=0.5")
 
 
 @pytest.mark.parametrize("stage", [2, 3])
