@@ -31,10 +31,10 @@ import secrets
 import socket
 import subprocess
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
-from typing import Any
+from typing import IO, Any
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +113,23 @@ def run_dir(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str)
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see either the old file or the whole new one, never a part."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Open a file that appears at ``path`` only once the ``with`` block finishes; readers see the old file or the
+    whole new one, never a part. ``mode`` is "w" (text, utf-8) or "wb". On an exception nothing is left behind.
+
+    The temp file is a unique dot-name beside ``path`` (concurrent writers never share one, and globs such as
+    ``shard-*.parquet`` skip it); it is fsynced before the rename, and the folder after it.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     # os.open with 0o666 lets the umask decide permissions, unlike mkstemp's fixed 0o600.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -135,6 +143,12 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see either the old file or the whole new one, never a part."""
+    with atomic_file(path, "w") as f:
+        f.write(text)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

@@ -26,13 +26,11 @@ torch; ``datasets`` and ``pyarrow`` do the storage.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
 import re
-import secrets
 from collections.abc import Iterable, Sequence
 from numbers import Integral
 from pathlib import Path
@@ -41,6 +39,8 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow.parquet as pq
+
+from streakline.artifacts import atomic_file
 
 SCHEMA_VERSION = 1
 META_KEY = b"streakline"
@@ -203,16 +203,6 @@ def _check_row(i: int, row: Any, meta: ShardMeta) -> dict[str, Any]:
     return out
 
 
-def _fsync_dir(folder: Path) -> None:
-    # Makes the rename durable; some filesystems cannot fsync a directory, which is harmless.
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def write_shard(folder: str | os.PathLike, rows: list[dict], meta: ShardMeta) -> Path:
     """Validate ``rows`` against ``meta`` and write them as ``folder/shard_name(meta.shard, meta.num_shards)``.
 
@@ -238,22 +228,12 @@ def write_shard(folder: str | os.PathLike, rows: list[dict], meta: ShardMeta) ->
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / shard_name(meta.shard, meta.num_shards)
-    # A unique dot-name: concurrent writers of one shard never share a temp file, and SHARD_GLOB never sees it.
-    tmp = folder / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(tmp, "xb") as f:
-            # zstd without dictionaries on the numeric columns: token ids and logprobs are near-unique, where
-            # dictionary pages only add size; page checksums let check_shard notice bit rot on shared storage.
-            pq.write_table(
-                table, f, compression="zstd", use_dictionary=["prompt_id", "finish_reason"], write_page_checksum=True
-            )
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(folder)
+    with atomic_file(path, "wb") as f:  # a dot-named temp file: SHARD_GLOB never sees a half-written shard
+        # zstd without dictionaries on the numeric columns: token ids and logprobs are near-unique, where
+        # dictionary pages only add size; page checksums let check_shard notice bit rot on shared storage.
+        pq.write_table(
+            table, f, compression="zstd", use_dictionary=["prompt_id", "finish_reason"], write_page_checksum=True
+        )
     return path
 
 
