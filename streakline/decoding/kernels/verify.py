@@ -322,7 +322,9 @@ def _kernels(interpret: bool) -> SimpleNamespace:
             threshold = tl.load(us_ptr + n) * total
             carry = 0.0
             first = V
-            # Second pass recomputes r with the same ops (bitwise equal) instead of storing a [V] scratch row.
+            # Second pass recomputes r with the same ops (bitwise equal) instead of storing a [V] scratch row. It is
+            # written out twice on purpose: the kernels are built inside _kernels() (so TRITON_INTERPRET is read
+            # late), and a @triton.jit helper defined there is a closure the interpreter cannot resolve.
             for v0 in range(0, V, BLOCK_V):
                 idx = v0 + offs
                 mask = idx < V
