@@ -47,7 +47,7 @@ format: setup ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff format .
 
 bench: setup ## run the benchmarks in bench/ (ratios side by side; not tests)
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean: ## remove the virtual environment and caches (keeps runs/)
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

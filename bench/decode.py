@@ -45,9 +45,11 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers
+from _timing import timed
 
 from streakline.config import compose_config
 from streakline.data import load_benchmark
+from streakline.data.benchmarks import prompt_text
 from streakline.decoding.drafters import ARDrafter, DiffusionDrafter
 from streakline.decoding.speculative import SpecConfig, generate
 from streakline.models import build
@@ -103,15 +105,9 @@ class Method:
     draft: bool = True  # False: no drafter, alphas mean nothing
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def _prompts(tok, name: str, n: int) -> list[list[int]]:
-    # Same encoding as the world's sanity report: a math prompt is its question line, code the def + docstring.
-    sep = "\n" if name == "tiny-math" else ""
-    return [tok(r["prompt"] + sep, add_special_tokens=False)["input_ids"] for r in load_benchmark(name, limit=n)]
+    # The world's raw-document prompt form, as its sanity report and the trajectories stage encode it.
+    return [tok(prompt_text(r), add_special_tokens=False)["input_ids"] for r in load_benchmark(name, limit=n)]
 
 
 class ForwardCounter:
@@ -199,11 +195,8 @@ def bench_one(args, methods: list[Method], prompts: list[list[int]], temperature
             # Rotate the order per prompt so no method always runs right after the same neighbour.
             k = i % len(methods)
             for m in methods[k:] + methods[:k]:
-                _sync(args.device)
-                t0 = time.perf_counter()
-                out, calls, metrics = m.run(prompt, seeds[i])
-                _sync(args.device)
-                total[m.name] += time.perf_counter() - t0
+                (out, calls, metrics), seconds = timed(lambda m=m, i=i, p=prompt: m.run(p, seeds[i]), args.device)
+                total[m.name] += seconds
                 if r == 0:
                     stats[m.name].add(len(out), calls, metrics)
                     tokens[m.name].append(out)

@@ -15,25 +15,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 
 import torch
 import transformers
+from _timing import timed
 
 from streakline.models import KVCache, Transformer, TransformerConfig, save_pretrained
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _time(fn, device: str) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -109,8 +96,8 @@ def main() -> None:
             fo(), fh()  # warm-up
             to, th = [], []
             for _ in range(args.repeats):
-                to.append(_time(fo, args.device))
-                th.append(_time(fh, args.device))
+                to.append(timed(fo, args.device)[1])
+                th.append(timed(fh, args.device)[1])
             o, h = tokens / statistics.median(to), tokens / statistics.median(th)
             print(f"{name:<24}{o:>12.0f}{h:>14.0f}{o / h:>8.2f}")
 

@@ -58,6 +58,7 @@ from pathlib import Path
 
 import datasets
 import torch
+from _timing import timed
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -74,19 +75,6 @@ ZERO_STAGES = [
     ("zero-2", ["trainer=zero2", "trainer.precision=fp32"]),
     ("zero-3", ["trainer=zero3", "trainer.precision=fp32"]),
 ]
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _time(fn, device: str) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - t0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -138,14 +126,10 @@ def bench_packing(args) -> dict:
     times = {"packed": [], "per_window": []}
     tokens, max_diff = [], 0.0
     for batch in batches[1:]:
-        t0 = time.perf_counter()
-        lp = step(packed, batch)
-        _sync(args.device)
-        times["packed"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        lw = step(per_window, batch)
-        _sync(args.device)
-        times["per_window"].append(time.perf_counter() - t0)
+        lp, seconds = timed(lambda batch=batch: step(packed, batch), args.device)
+        times["packed"].append(seconds)
+        lw, seconds = timed(lambda batch=batch: step(per_window, batch), args.device)
+        times["per_window"].append(seconds)
         tokens.append(int(batch.valid.sum()))
         max_diff = max(max_diff, abs(lp - lw))
     label_tokens = statistics.median(tokens)
@@ -264,7 +248,7 @@ def bench_logprob_memory(args) -> dict:
     times = {name: [] for name in fns}
     for _ in range(args.mem_repeats):
         for name, fn in fns.items():
-            times[name].append(_time(lambda fn=fn: call(fn), device))
+            times[name].append(timed(lambda fn=fn: call(fn), device)[1])
     for name in fns:
         out[name]["ms"] = 1e3 * statistics.median(times[name])
 
