@@ -77,13 +77,13 @@ class DeepSpeedStrategy:
         return self.rank == 0
 
     def ds_config(self) -> dict[str, Any]:
+        """DeepSpeed's config; the optimizer and LR schedule are ours (``setup``), so they are not in it."""
         c = self.cfg
         config: dict[str, Any] = {
             "train_micro_batch_size_per_gpu": c.micro_batch_size,
             "gradient_accumulation_steps": c.grad_accum,
             "gradient_clipping": c.grad_clip,
             "zero_optimization": {"stage": c.zero_stage},
-            "optimizer": {"type": "AdamW", "params": {"lr": c.lr, "betas": [0.9, 0.95], "weight_decay": 0.0}},
             "steps_per_print": 10**9,  # our tracker reports; DeepSpeed's own prints would interleave with tqdm
             "wall_clock_breakdown": False,
         }
@@ -91,9 +91,6 @@ class DeepSpeedStrategy:
             config["bf16"] = {"enabled": True}
         elif c.precision == "fp16":
             config["fp16"] = {"enabled": True}
-        if not self.cuda:
-            # DeepSpeed's fused CUDA Adam is not there on CPU; the torch implementation is
-            config["optimizer"]["params"]["torch_adam"] = True
         return config
 
     def setup(self, module: torch.nn.Module):
@@ -105,10 +102,8 @@ class DeepSpeedStrategy:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.cfg.warmup_steps, self.cfg.max_steps, self.cfg.min_lr_ratio)
         )
-        config = self.ds_config()
-        config.pop("optimizer")
         engine, _, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False
+            model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config(), dist_init_required=False
         )
         if self.cfg.zero_stage == 3 and hasattr(module, "external_parameters"):
             for owner, param in module.external_parameters():
@@ -147,11 +142,3 @@ class DeepSpeedStrategy:
         import torch.distributed as dist
 
         dist.barrier()
-
-    def all_reduce_mean(self, value: float) -> float:
-        import torch.distributed as dist
-
-        t = torch.tensor([value], dtype=torch.float64)
-        if self.world_size > 1:
-            dist.all_reduce(t)
-        return float(t) / self.world_size

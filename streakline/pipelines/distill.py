@@ -113,7 +113,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         enabled=main,
         name=f"{cfg.experiment.name}/{cfg.method.name}",
     )
-    evaluator = Evaluator(cfg, tokenizer, gamma, mask_id, strategy.device) if main else None
+    evaluator = Evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier=verifier) if main else None
 
     def export(step: int, state: dict[str, torch.Tensor]) -> Path:
         model = _unwrap(state, cfg, drafter_config=module.drafter.config)
@@ -213,7 +213,8 @@ def _unwrap(state: dict[str, torch.Tensor], cfg: DictConfig, drafter_config):
 class Evaluator:
     """Held-out checks on rank 0: simulated streak against verifier continuations, and the real decoder's streak."""
 
-    def __init__(self, cfg: DictConfig, tokenizer, gamma: int, mask_id: int, device) -> None:
+    def __init__(self, cfg: DictConfig, tokenizer, gamma: int, mask_id: int, device, verifier=None) -> None:
+        """``verifier``: the frozen verifier when the run already holds one (online teacher); built otherwise."""
         from streakline.data import load_benchmark
         from streakline.data.benchmarks import BenchmarkError, parse_source, prompt_text
         from streakline.decoding.vanilla import greedy_generate
@@ -223,7 +224,9 @@ class Evaluator:
         self.pairs: dict[str, list[tuple[list[int], list[int]]]] = {}
         if not cfg.trainer.eval_prompts or not cfg.trainer.eval_sources or tokenizer is None:
             return
-        self.verifier = build(cfg.model.verifier, "verifier", device=device).eval()
+        self.verifier = (
+            verifier if verifier is not None else build(cfg.model.verifier, "verifier", device=device).eval()
+        )
         eos = tokenizer.eos_token_id
         for source in cfg.trainer.eval_sources:
             name, path = parse_source(source)

@@ -105,10 +105,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def trajectories_dir(cfg: DictConfig) -> Path:
-    """The shard folder ``stage=trajectories`` writes for ``cfg`` (same verifier, tokenizer, data settings, seed)."""
+    """The shard folder ``stage=trajectories`` writes for ``cfg`` (same verifier, tokenizer, data settings, seed).
+
+    ``cfg`` must already point at its world (``attach_world``), as every stage's does after its first line.
+    """
     from streakline.models.tokenizer import tokenizer_hash
 
-    attach_world(cfg, progress=False)
     key = run_key(cfg, tokenizer_hash(_tokenizer(cfg)))
     return run_dir(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key)) / "shards"
 
