@@ -230,7 +230,56 @@ class DecoderConfig:
     stop_strings: list[str] = field(default_factory=list)
     batch_size: int = 1
     threshold: float = 0.9  # confidence for threshold decoding
-    budget: int = 8  # D: draft states verified per forward (SPOT / Spiffy)
+    budget: int = 8  # D: draft states verified per forward (SPOT tree size; Spiffy graph size)
+    # block-diffusion speculative decoding (SPOT / Spiffy, ALGORITHMS.md sections 8-9)
+    rule: str = "static"  # the draft-free commit rule SPOT / Spiffy reproduce: static | threshold
+    seed: int = 0  # coupled-noise key at temperature > 0 (block-diffusion decoders)
+    prune: int = 3  # Spiffy's D*: graph states kept per forward after geometric-mean pruning
+    gamma_floor: float | None = None  # SPOT-gamma: drop tree nodes whose prefix mass is below this (0.02)
+    # order-model folder (spot) or graph JSON (spiffy); None: the output of this experiment's stage
+    artifact: str | None = None
+
+
+@dataclass
+class SpotConfig:
+    """stage=spot: collect draft-free traces of the target and train the order model (ALGORITHMS.md section 8)."""
+
+    prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
+    prompts: int = 64  # prompts decoded for traces (split evenly over prompt_sources)
+    heldout_fraction: float = 0.2  # of the traces (by prompt) kept for next-commit accuracy
+    max_new_tokens: int = 64
+    rule: str = "static"  # the draft-free decoder whose commit order is learnt
+    temperature: float = 0.0  # traces' sampling temperature (coupled noise when > 0)
+    top_k: int = 32  # stale probabilities kept per position
+    horizon: int = 8  # H: depths d < H replayed per step
+    batch_size: int = 8  # prompts per decoding batch
+    num_shards: int = 4
+    # the order model (about 0.6M parameters at the defaults)
+    d_model: int = 128
+    layers: int = 3
+    heads: int = 8
+    ffn: int = 512
+    max_block: int = 64  # learned position embedding size: the largest block size the model can serve
+    steps: int = 600
+    train_batch: int = 64  # examples per optimizer step
+    lr: float = 1.0e-3
+    seed: int = 0
+
+
+@dataclass
+class SpiffyConfig:
+    """stage=spiffy: calibrate the draft graph from draft-free traces (ALGORITHMS.md section 9)."""
+
+    prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
+    prompts: int = 50  # the paper's 25 MATH500 + 25 MBPP
+    max_new_tokens: int = 64
+    rule: str = "static"
+    temperature: float = 0.0
+    top_k: int = 32  # token ranks j beyond this are not representable
+    horizon: int = 8  # H: realised future states counted per step
+    budget: int = 10  # D: graph nodes besides the root
+    batch_size: int = 8
+    seed: int = 0
 
 
 @dataclass
@@ -261,6 +310,8 @@ class Config:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    spot: SpotConfig = field(default_factory=SpotConfig)
+    spiffy: SpiffyConfig = field(default_factory=SpiffyConfig)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0
     # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids

@@ -29,6 +29,7 @@ Tests: ``python -m pytest tests/decoding/test_block_diffusion.py``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,7 +47,8 @@ class BlockDecodeConfig:
     max_new_tokens: int
     block_size: int | None = None  # None: the model's block size (it must equal it)
     eos_token_id: int | None = None  # None: the model config's eos (if that is None too, never stop early)
-    temperature: float = 0.0  # only 0 for now; > 0 needs coupled-noise sampling
+    temperature: float = 0.0  # > 0: coupled-noise sampling keyed by (seed, output position)
+    seed: int = 0  # the coupled-noise key (ignored at temperature 0)
     log_steps: bool = False  # fill BlockDecodeResult.steps_log (costs a host sync per forward)
 
 
@@ -66,6 +68,7 @@ class BlockStep:
     logits: torch.Tensor
     confidence: torch.Tensor
     candidates: torch.Tensor  # the token each position would take
+    gumbel: torch.Tensor | None = None  # [B, L, V] coupled noise of these positions (None at temperature 0)
     commit: torch.Tensor | None = None  # bool, positions committed by this step
     committed: torch.Tensor | None = None  # block contents after this step
 
@@ -90,6 +93,8 @@ class BlockDecodeResult:
     nfe_per_row: list[int]  # forwards in which the row still had masked positions
     commits_per_forward: list[int]  # positions committed per forward, summed over the batch
     steps_log: list[StepRecord] = field(default_factory=list)
+    drafts_per_forward: list[int] = field(default_factory=list)  # draft states verified per forward (batch sum)
+    seconds_drafting: float = 0.0  # wall time inside the drafter (building trees / instantiating graphs)
 
 
 def _wide(logits: torch.Tensor) -> torch.Tensor:
@@ -97,25 +102,64 @@ def _wide(logits: torch.Tensor) -> torch.Tensor:
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
-def _require_greedy(cfg: BlockDecodeConfig) -> None:
-    if cfg.temperature > 0:
-        raise NotImplementedError(
-            f"block decoding at temperature {cfg.temperature} needs coupled-noise sampling "
-            "(ALGORITHMS.md section 7), which is not implemented yet; use temperature=0"
-        )
+def coupled_gumbel(out_positions: torch.Tensor, vocab_size: int, seed: int) -> torch.Tensor:
+    """The coupled-noise table's rows for ``out_positions`` ``[B, L]``: ``[B, L, V]`` standard Gumbel noise.
+
+    Row ``a`` of the table depends on (seed, a) only: each output position seeds its own counter-based CPU
+    generator, so no table is stored, every device and batch layout draws the same numbers, and two rows of a
+    batch at the same output position share noise (the decode of a prompt never depends on its batch-mates).
+    Prompt positions (negative ``a``) get noise too; nothing reads it, since they are never masked.
+    """
+    flat = out_positions.flatten().tolist()
+    rows: dict[int, torch.Tensor] = {}
+    for a in set(flat):
+        gen = torch.Generator().manual_seed((seed * 0x9E3779B97F4A7C15 + a * 0xBF58476D1CE4E5B9) % (1 << 63))
+        u = torch.rand(vocab_size, generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
+        rows[a] = -torch.log(-torch.log(u))
+    table = torch.stack([rows[a] for a in flat]).view(*out_positions.shape, vocab_size)
+    return table.to(out_positions.device)
 
 
 def score_logits(
-    logits: torch.Tensor, out_positions: torch.Tensor, cfg: BlockDecodeConfig
+    logits: torch.Tensor, gumbel: torch.Tensor | None, cfg: BlockDecodeConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Map a forward's logits ``[B, L, V]`` to (confidence ``[B, L]``, token ``[B, L]``) per position.
 
-    The one seam for sampling: coupled noise (T > 0) will key its Gumbel table on ``out_positions`` ``[B, L]``.
     Temperature 0: token = argmax (ties to the lowest id), confidence = its probability.
+    Temperature T > 0 (coupled noise, ALGORITHMS.md section 7): token = argmax_v (log p(v)/T + G[a, v]) with
+    ``gumbel`` ``[B, L, V]`` the table rows of these positions, confidence = softmax(logits / T) at that token.
+    Given the noise this is a deterministic function of the logits, which is what lets a speculative decoder
+    reproduce the draft-free sampler token for token.
     """
-    _require_greedy(cfg)
-    conf, tok = torch.softmax(_wide(logits), dim=-1).max(dim=-1)
-    return conf, tok
+    wide = _wide(logits)
+    if cfg.temperature <= 0:
+        conf, tok = torch.softmax(wide, dim=-1).max(dim=-1)
+        return conf, tok
+    logp = torch.log_softmax(wide / cfg.temperature, dim=-1)
+    tok = (logp + gumbel.to(logp.dtype)).argmax(dim=-1)
+    return logp.gather(-1, tok[..., None]).squeeze(-1).exp(), tok
+
+
+def token_scores(logits: torch.Tensor, gumbel: torch.Tensor | None, cfg: BlockDecodeConfig) -> torch.Tensor:
+    """``[B, L, V]`` scores whose argmax is the token ``score_logits`` picks: log-probs at temperature T, plus the
+    coupled noise when T > 0. Drafters rank token hypotheses by them (rank 0 = the token the target would take)."""
+    wide = _wide(logits)
+    if cfg.temperature <= 0:
+        return torch.log_softmax(wide, dim=-1)
+    return torch.log_softmax(wide / cfg.temperature, dim=-1) + gumbel.to(wide.dtype)
+
+
+def stale_probs(logits: torch.Tensor, cfg: BlockDecodeConfig) -> torch.Tensor:
+    """``[B, L, V]`` softmax(logits / T) (T = 1 at temperature 0): the probabilities drafters read."""
+    wide = _wide(logits)
+    return torch.softmax(wide / cfg.temperature if cfg.temperature > 0 else wide, dim=-1)
+
+
+def stale_topk(scores: torch.Tensor, probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-k tokens per position ranked by ``scores`` (``token_scores``) and their ``probs``: both ``[..., k]``.
+    The one definition of a drafter's stale view, shared by trace collection and the SPOT / Spiffy drafters."""
+    ids = scores.topk(min(k, scores.shape[-1]), dim=-1).indices
+    return ids, probs.gather(-1, ids)
 
 
 CommitRule = Callable[[BlockStep, BlockDecodeConfig], tuple[torch.Tensor, torch.Tensor]]
@@ -158,7 +202,8 @@ def _resolve(model: Transformer, cfg: BlockDecodeConfig) -> tuple[int, int, int 
         raise ValueError(f"unknown commit rule {cfg.rule!r}; valid: {', '.join(COMMIT_RULES)}")
     if cfg.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-    _require_greedy(cfg)  # before any forward, not at the first scoring
+    if cfg.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {cfg.temperature}")
     eos = cfg.eos_token_id if cfg.eos_token_id is not None else mc.eos_token_id
     return L, mc.mask_token_id, eos, COMMIT_RULES[cfg.rule]
 
@@ -173,10 +218,11 @@ def _step(
     logits: torch.Tensor,
     cfg: BlockDecodeConfig,
     rule: CommitRule,
+    gumbel: torch.Tensor | None,
 ) -> BlockStep:
     """Score one forward's logits ``[B, L, V]``, apply the rule, and return the step with its commits filled in."""
-    conf, cand = score_logits(logits, out_positions, cfg)
-    step = BlockStep(block, forward, tokens, masked, positions, out_positions, logits, conf, cand)
+    conf, cand = score_logits(logits, gumbel, cfg)
+    step = BlockStep(block, forward, tokens, masked, positions, out_positions, logits, conf, cand, gumbel)
     commit, new = rule(step, cfg)
     commit = commit & masked
     if bool((masked.any(dim=1) & ~commit.any(dim=1)).any()):
@@ -201,6 +247,63 @@ def _finish(out: list[int], eos: int | None, max_new: int) -> list[int]:
     return out[: out.index(eos) + 1] if eos is not None and eos in out else out
 
 
+@dataclass
+class DraftContext:
+    """What a block drafter (SPOT, Spiffy) sees before a verification forward. Tensors ``[B, L]`` unless noted.
+
+    The root is the real current state; the stale distribution comes from the last forward, which ran on a state
+    one commit step behind the root (``stale_masked`` marks that state's masked positions). A drafter must not
+    look at the root's own logits: they do not exist yet, they come out of the verification forward.
+    """
+
+    root: torch.Tensor  # block contents of the current state (mask id where masked)
+    masked: torch.Tensor  # bool, positions the root still has to decode
+    active: torch.Tensor  # [B] bool, rows with masked positions left in this block
+    stale_logits: torch.Tensor  # [B, L, V]
+    stale_masked: torch.Tensor
+    probs: torch.Tensor  # [B, L, V] softmax(stale_logits / T) (T = 1 at temperature 0)
+    scores: torch.Tensor  # [B, L, V] token_scores of the stale logits (argmax = the token the target would take)
+    out_positions: torch.Tensor
+    mask_id: int
+    cfg: BlockDecodeConfig
+
+
+@dataclass
+class Drafts:
+    """Hypothetical states to verify in one forward: ``tokens`` ``[B, D, L]`` full block contents (the root's
+    committed positions plus some drafted commits, mask id elsewhere), ``valid`` ``[B, D]`` (False = padding)."""
+
+    tokens: torch.Tensor
+    valid: torch.Tensor
+
+
+class BlockDrafter:
+    """Interface of SPOT's tree drafter and Spiffy's graph drafter: ``propose`` returns the states to verify (or
+    None to run a plain forward). Any proposal is safe: the walk only follows states equal to the target's own."""
+
+    def propose(self, ctx: DraftContext) -> Drafts | None:
+        raise NotImplementedError
+
+
+def _verify_forward(model: Transformer, root: torch.Tensor, drafts: Drafts, pos: torch.Tensor, cache: KVCache):
+    """One target forward over the root and its D draft states: ``[B, 1 + D, L, V]`` logits.
+
+    Each copy of the block sees the cached prefix and itself (bidirectionally), never another copy, so each gets
+    the logits a separate forward of that state would give (tests/decoding/test_block_verify.py checks it)."""
+    B, D, L = drafts.tokens.shape
+    n = 1 + D
+    ids = torch.cat([root[:, None], drafts.tokens], dim=1).flatten(1)
+    copy = torch.arange(n * L, device=root.device) // L
+    explicit = (copy[:, None] == copy[None, :])[None].expand(B, -1, -1)
+    logits = model(ids, position_ids=pos.repeat(1, n), cache=cache, attn_mask=explicit, logits_to_keep=n * L)
+    cache.crop(cache.length - n * L)
+    return logits.view(B, n, L, -1)
+
+
+def _new_block_gumbel(cfg: BlockDecodeConfig, out_positions: torch.Tensor, vocab: int) -> torch.Tensor | None:
+    return coupled_gumbel(out_positions, vocab, cfg.seed) if cfg.temperature > 0 else None
+
+
 @torch.no_grad()
 def decode_blocks(
     model: Transformer,
@@ -209,16 +312,24 @@ def decode_blocks(
     cfg: BlockDecodeConfig,
     *,
     on_step: Callable[[BlockStep], None] | None = None,
+    drafter: BlockDrafter | None = None,
 ) -> BlockDecodeResult:
-    """Decode a batch block by block with the KV cache.
+    """Decode a batch block by block with the KV cache; with a ``drafter``, speculatively (SPOT / Spiffy).
 
     prompt_ids: ``[B, P]`` left-padded; attention_mask: ``[B, P]`` (1 = real token; None = no padding).
     Rows run in lock-step over blocks; a row that finished (eos in a completed block, or max_new_tokens reached)
-    stops committing while the others continue. ``on_step`` is called after every forward with its BlockStep.
+    stops committing while the others continue. ``on_step`` is called after every commit step with its
+    BlockStep (with a drafter: once per walk step, so it sees the draft-free decoder's sequence of steps).
+
+    With a drafter, the first forward of each block is plain; every later one verifies the root and the
+    drafter's states together, then walks: apply the commit rule to the root's logits, move to the draft state
+    equal to the result and apply the rule to its logits, and so on until no state matches. Every state walked
+    through was computed exactly, so the output equals the draft-free decoder's at any temperature.
     """
     L, mask_id, eos, rule = _resolve(model, cfg)
     B, P = prompt_ids.shape
     dev = prompt_ids.device
+    V = model.config.vocab_size
     valid = torch.ones(B, P, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
     prompts = [prompt_ids[r][valid[r]] for r in range(B)]
     lens = torch.tensor([len(p) for p in prompts], device=dev)
@@ -243,35 +354,49 @@ def decode_blocks(
     res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0] * B, commits_per_forward=[])
     carry = None  # the previous block's final tokens, whose KV the next forward stores
     block = 0
+
+    def commit_step(tokens, masked, logits, pos, gumbel):
+        step = _step(block, res.nfe - 1, tokens, masked, pos, pos - lens[:, None], logits, cfg, rule, gumbel)
+        if cfg.log_steps:
+            res.steps_log.append(_record(step))
+        if on_step is not None:
+            on_step(step)
+        return step
+
     while not bool(finished.all()):
         masked = masked & ~finished[:, None]
-        first = True
+        pos = start[:, None] + offs
+        gumbel = _new_block_gumbel(cfg, pos - lens[:, None], V)
+        stale: BlockStep | None = None
         while bool(masked.any()):
-            pos = start[:, None] + offs
-            mask_arg = None
-            if first and block == 0 and Q:
-                ids = torch.cat([prefix, tokens], dim=1)
-                pos = torch.cat([(prefix_valid.long().cumsum(1) - 1).clamp(min=0), pos], dim=1)
-                mask_arg = torch.cat([prefix_valid, torch.ones_like(masked)], dim=1)
-            elif first and carry is not None:
-                ids = torch.cat([carry, tokens], dim=1)
-                pos = (start - L)[:, None] + torch.arange(2 * L, device=dev)
-            else:
-                ids = tokens
-            logits = model(ids, position_ids=pos, attention_mask=mask_arg, cache=cache, logits_to_keep=L)
-            # Keep the prefill / previous block just stored; the current block's KV is provisional.
-            cache.crop(cache.length - L)
-            pos = start[:, None] + offs
-            step = _step(block, res.nfe, tokens, masked, pos, pos - lens[:, None], logits, cfg, rule)
+            drafts = None
+            if stale is not None and drafter is not None:
+                drafts = _propose(drafter, stale, tokens, masked, mask_id, cfg, res)
+            res.nfe += 1
             for r, had in enumerate(masked.any(dim=1).tolist()):
                 res.nfe_per_row[r] += int(had)
-            res.nfe += 1
-            res.commits_per_forward.append(int(step.commit.sum()))
-            if cfg.log_steps:
-                res.steps_log.append(_record(step))
-            if on_step is not None:
-                on_step(step)
-            tokens, masked, first = step.committed, masked & ~step.commit, False
+            if drafts is not None:
+                res.drafts_per_forward.append(int(drafts.valid.sum()))
+                all_logits = _verify_forward(model, tokens, drafts, pos, cache)
+                stale, tokens, masked, n_commits = _walk(all_logits, tokens, masked, drafts, pos, gumbel, commit_step)
+                res.commits_per_forward.append(n_commits)
+                continue
+            mask_arg = None
+            ids, fpos = tokens, pos
+            if stale is None and block == 0 and Q:
+                ids = torch.cat([prefix, tokens], dim=1)
+                fpos = torch.cat([(prefix_valid.long().cumsum(1) - 1).clamp(min=0), pos], dim=1)
+                mask_arg = torch.cat([prefix_valid, torch.ones_like(masked)], dim=1)
+            elif stale is None and carry is not None:
+                ids = torch.cat([carry, tokens], dim=1)
+                fpos = (start - L)[:, None] + torch.arange(2 * L, device=dev)
+            logits = model(ids, position_ids=fpos, attention_mask=mask_arg, cache=cache, logits_to_keep=L)
+            # Keep the prefill / previous block just stored; the current block's KV is provisional.
+            cache.crop(cache.length - L)
+            res.drafts_per_forward.append(0)
+            stale = commit_step(tokens, masked, logits, pos, gumbel)
+            res.commits_per_forward.append(int(stale.commit.sum()))
+            tokens, masked = stale.committed, masked & ~stale.commit
         for r in (~finished).nonzero().flatten().tolist():
             outputs[r].extend(tokens[r, head[r] if block == 0 else 0 :].tolist())
             if len(outputs[r]) >= cfg.max_new_tokens or (eos is not None and eos in outputs[r]):
@@ -282,6 +407,69 @@ def decode_blocks(
         masked = torch.ones_like(masked)
     res.tokens = [_finish(o, eos, cfg.max_new_tokens) for o in outputs]
     return res
+
+
+def _propose(drafter, stale: BlockStep, root, masked, mask_id, cfg, res) -> Drafts | None:
+    t = time.perf_counter()
+    ctx = DraftContext(
+        root=root,
+        masked=masked,
+        active=masked.any(dim=1),
+        stale_logits=stale.logits,
+        stale_masked=stale.masked,
+        probs=stale_probs(stale.logits, cfg),
+        scores=token_scores(stale.logits, stale.gumbel, cfg),
+        out_positions=stale.out_positions,
+        mask_id=mask_id,
+        cfg=cfg,
+    )
+    drafts = drafter.propose(ctx)
+    res.seconds_drafting += time.perf_counter() - t
+    if drafts is None or drafts.tokens.shape[1] == 0 or not bool(drafts.valid.any()):
+        return None
+    return drafts
+
+
+def _walk(all_logits, root, masked, drafts: Drafts, pos, gumbel, commit_step):
+    """Follow the target's own commits through the verified states. Returns (stale step, tokens, masked, commits).
+
+    ``all_logits`` ``[B, 1 + D, L, V]``: index 0 is the root. Rows advance in lock-step; a row stops at the first
+    state that is not among its drafts (or when its block is complete)."""
+    B = root.shape[0]
+    rows = torch.arange(B, device=root.device)
+    states = torch.cat([root[:, None], drafts.tokens], dim=1)
+    usable = torch.cat([torch.ones_like(drafts.valid[:, :1]), drafts.valid], dim=1)
+    node = torch.zeros(B, dtype=torch.long, device=root.device)
+    alive = masked.any(dim=1)
+    tokens, n_commits, last = root, 0, None
+    while bool(alive.any()):
+        step = commit_step(tokens, masked & alive[:, None], all_logits[rows, node], pos, gumbel)
+        last = step if last is None else _merge_stale(last, step, alive)
+        n_commits += int(step.commit.sum())
+        tokens, masked = step.committed, masked & ~step.commit
+        same = (states == tokens[:, None]).all(dim=-1) & usable
+        alive = alive & same.any(dim=1) & masked.any(dim=1)
+        node = same.long().argmax(dim=1)
+    return last, tokens, masked, n_commits
+
+
+def _merge_stale(last: BlockStep, step: BlockStep, alive: torch.Tensor) -> BlockStep:
+    """Per row, the latest step the row took part in (its logits are that row's stale distribution)."""
+    a2, a3 = alive[:, None], alive[:, None, None]
+    return BlockStep(
+        step.block,
+        step.forward,
+        torch.where(a2, step.tokens, last.tokens),
+        torch.where(a2, step.masked, last.masked),
+        step.positions,
+        step.out_positions,
+        torch.where(a3, step.logits, last.logits),
+        torch.where(a2, step.confidence, last.confidence),
+        torch.where(a2, step.candidates, last.candidates),
+        step.gumbel,
+        torch.where(a2, step.commit, last.commit),
+        torch.where(a2, step.committed, last.committed),
+    )
 
 
 @torch.no_grad()
@@ -312,7 +500,8 @@ def decode_blocks_reference(
         while bool(masked.any()):
             ids = torch.cat([torch.tensor([seq[:begin]], dtype=torch.long, device=dev), tokens], dim=1)
             logits = model(ids, mode="block_causal")[:, begin:]
-            step = _step(block, res.nfe, tokens, masked, pos, pos - P, logits, cfg, rule)
+            gumbel = _new_block_gumbel(cfg, pos - P, model.config.vocab_size)
+            step = _step(block, res.nfe, tokens, masked, pos, pos - P, logits, cfg, rule, gumbel)
             res.nfe += 1
             res.nfe_per_row[0] += 1
             res.commits_per_forward.append(int(step.commit.sum()))

@@ -8,8 +8,10 @@ from streakline.decoding.block_diffusion import (
     COMMIT_RULES,
     BlockDecodeConfig,
     BlockStep,
+    coupled_gumbel,
     decode_blocks,
     decode_blocks_reference,
+    score_logits,
 )
 from streakline.models import Transformer
 from tests.models.helpers import VOCAB, tiny_config
@@ -204,12 +206,44 @@ def test_rules_on_hand_built_steps():
     assert commit.tolist() == [[False, True, True, False], [False, True, False, False]]
 
 
-def test_temperature_above_zero_is_not_implemented(model):
-    cfg = BlockDecodeConfig(max_new_tokens=4, temperature=0.7)
-    (p,) = _prompts((3,))
-    for decode in (decode_blocks, decode_blocks_reference):
-        with pytest.raises(NotImplementedError, match="coupled-noise"):
-            decode(model, p[None], None, cfg)
+@pytest.mark.parametrize("rule", ["static", "threshold"])
+def test_coupled_noise_cached_equals_reference_and_is_keyed_by_seed(model, rule):
+    cfg = BlockDecodeConfig(max_new_tokens=MAX_NEW, rule=rule, threshold=0.05, temperature=1.0, seed=3)
+    prompts = _prompts()
+    ids, mask = _left_pad(prompts)
+    batched = decode_blocks(model, ids, mask, cfg)
+    greedy = decode_blocks(model, ids, mask, BlockDecodeConfig(max_new_tokens=MAX_NEW, rule=rule, threshold=0.05))
+    other = decode_blocks(model, ids, mask, BlockDecodeConfig(**{**cfg.__dict__, "seed": 4}))
+    for r, p in enumerate(prompts):
+        assert batched.tokens[r] == decode_blocks_reference(model, p[None], None, cfg).tokens[0]
+    # A sampler, not argmax in disguise: another seed (and temperature 0) give other completions.
+    assert batched.tokens != other.tokens and batched.tokens != greedy.tokens
+    assert batched.tokens == decode_blocks(model, ids, mask, cfg).tokens
+
+
+def test_coupled_gumbel_depends_on_seed_and_position_only():
+    a = coupled_gumbel(torch.tensor([[0, 1, 2], [2, 1, 0]]), 50, seed=7)
+    assert a[0, 0].equal(a[1, 2]) and a[0, 1].equal(a[1, 1]) and not a[0, 0].equal(a[0, 1])
+    assert a.equal(coupled_gumbel(torch.tensor([[0, 1, 2], [2, 1, 0]]), 50, seed=7))
+    assert not a[0, 0].equal(coupled_gumbel(torch.tensor([[0]]), 50, seed=8)[0, 0])
+
+
+def test_coupled_noise_samples_the_tempered_distribution():
+    """Over seeds, the token chosen at a position follows softmax(logits / T) (Gumbel-max), chi-square p > 1e-3."""
+    logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0, 0.5, 1.5]]])
+    T, n = 0.8, 3000
+    cfg = BlockDecodeConfig(max_new_tokens=1, temperature=T)
+    counts = torch.zeros(6)
+    for seed in range(n):
+        _, tok = score_logits(
+            logits, coupled_gumbel(torch.tensor([[5]]), 6, seed), BlockDecodeConfig(**{**cfg.__dict__, "seed": seed})
+        )
+        counts[int(tok)] += 1
+    expected = torch.softmax(logits[0, 0] / T, dim=-1) * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # chi-square, 5 degrees of freedom, p = 1e-3
+    conf, tok = score_logits(logits, coupled_gumbel(torch.tensor([[5]]), 6, 0), cfg)
+    assert conf.item() == pytest.approx(torch.softmax(logits[0, 0] / T, -1)[tok].item())
 
 
 def test_rejects_models_and_configs_it_cannot_decode(model):
