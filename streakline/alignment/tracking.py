@@ -28,6 +28,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def experiment_project(base: str | None, experiment: str) -> str | None:
+    """The W&B project of an experiment: one per experiment (``<base>-<experiment>``); None turns W&B off."""
+    return f"{base}-{experiment}" if base else None
+
+
 class Tracker:
     def __init__(
         self,
@@ -38,6 +43,8 @@ class Tracker:
         config: dict | None = None,
         enabled: bool = True,
         name: str | None = None,
+        group: str | None = None,
+        job_type: str | None = None,
     ) -> None:
         self.enabled = enabled
         self.path = Path(jsonl)
@@ -52,6 +59,8 @@ class Tracker:
                 project=project,
                 id=run_id,
                 name=name,
+                group=group,
+                job_type=job_type,
                 resume="allow",
                 config=config,
                 dir=str(self.path.parent),
@@ -77,6 +86,23 @@ class Tracker:
                 elif value is not None:
                     flat[key] = value
             self.wandb.log(flat, step=step)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        """A W&B table of ``rows`` (one column per key of the first row; lists and dicts as JSON text)."""
+        if not self.enabled or self.wandb is None or not rows:
+            return
+        import wandb
+
+        columns = list(rows[0])
+        cell = lambda v: json.dumps(_plain(v)) if isinstance(v, list | tuple | dict) else v  # noqa: E731
+        self.wandb.log({name: wandb.Table(columns=columns, data=[[cell(r.get(c)) for c in columns] for r in rows])})
+
+    def log_image(self, name: str, path: str | os.PathLike) -> None:
+        if not self.enabled or self.wandb is None:
+            return
+        import wandb
+
+        self.wandb.log({name: wandb.Image(str(path))})
 
     def close(self) -> None:
         if self.wandb is not None:

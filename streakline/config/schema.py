@@ -267,6 +267,45 @@ class SpotConfig:
 
 
 @dataclass
+class EvalMethodConfig:
+    """One row of the evaluation: a decoder with its drafter and settings (None = the ``decoder`` group's value)."""
+
+    name: str = MISSING  # label in results and figures
+    decoder: str = MISSING  # DECODERS
+    drafter: str | None = None  # checkpoint folder; None: the model preset's drafter (the world's base drafter)
+    steps: int | None = None  # distillation steps of that checkpoint (Fig. 7's x axis); None: not a distilled one
+    K: int | None = None
+    gamma: int | None = None
+    drafter_temperature: float | None = None
+    rule: str | None = None  # spot / spiffy: the draft-free rule they reproduce
+    budget: int | None = None
+    prune: int | None = None
+    gamma_floor: float | None = None
+    artifact: str | None = None
+
+
+@dataclass
+class EvaluateConfig:
+    """stage=evaluate: methods x benchmarks x verifier temperatures, with identical prompts and stop rules."""
+
+    benchmarks: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])
+    prompts: int = 10  # per benchmark
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    max_new_tokens: int = 64
+    batch_size: int = 1
+    # Empty: discovered (vanilla, ar_draft, the base diffusion drafter, every complete distill run of this
+    # experiment, and the block-diffusion decoders whose artifacts exist).
+    methods: list[EvalMethodConfig] = field(default_factory=list)
+    # Fig. 5: diffusion_draft on the best distilled drafter (or the base one) over K x drafter temperature.
+    k_grid: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    drafter_temperature_grid: list[float] = field(default_factory=lambda: [0.1, 1.0, 1.5, 2.0])
+    grid_temperature: float = 0.0  # verifier temperature of the Fig. 5 grid
+    block: bool = True  # add static / threshold / spiffy / spot rows when their artifacts exist
+    threads: int = 1  # torch threads per evaluation process (wall-clock numbers on a shared machine)
+    figures: bool = True
+
+
+@dataclass
 class SpiffyConfig:
     """stage=spiffy: calibrate the draft graph from draft-free traces (ALGORITHMS.md section 9)."""
 
@@ -311,6 +350,7 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     spiffy: SpiffyConfig = field(default_factory=SpiffyConfig)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0

@@ -42,7 +42,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from streakline.alignment.data import TrajectoryWindows
     from streakline.alignment.losses import LossSettings
     from streakline.alignment.strategy import DeepSpeedStrategy
-    from streakline.alignment.tracking import Tracker
+    from streakline.alignment.tracking import Tracker, experiment_project
     from streakline.alignment.trainer import DraftTrainModule, Trainer
     from streakline.data.trajectories import TrajectoryError, load_trajectories
     from streakline.models import build
@@ -107,11 +107,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     main = strategy.is_main
     tracker = Tracker(
         out / "metrics.jsonl",
-        project=cfg.trainer.wandb_project,
+        project=experiment_project(cfg.trainer.wandb_project, cfg.experiment.name),
         run_id=f"distill-{config_hash(key)}",
         config=OmegaConf.to_container(cfg, resolve=True),
         enabled=main,
         name=f"{cfg.experiment.name}/{cfg.method.name}",
+        group="distill",
+        job_type=cfg.method.name,
     )
     evaluator = Evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier=verifier) if main else None
 

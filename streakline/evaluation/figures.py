@@ -1,0 +1,168 @@
+"""The papers' figures, drawn from evaluation records (``results.json``) with matplotlib (PNG, no display needed).
+
+- ``fig2_acceptance``: per-position acceptance alpha_j vs draft position j, one line per drafter (Fig. 2).
+- ``fig5_speedup_vs_k``: speedup vs K at several drafter temperatures (Fig. 5), from the K x tau grid rows.
+- ``fig7_speedup_vs_steps``: speedup and tokens per verifier call vs distillation steps, one line per method,
+  the AR-drafter baseline as a horizontal line (Fig. 7); reads the sweep history as well as one run's records.
+- ``dllm_bars``: target forwards per generated token and forward reduction vs static for the block-diffusion
+  decoders (the SPOT paper's table as a chart).
+
+Every function takes records and an output path, writes one PNG and returns the path, or returns None when the
+records hold nothing to draw (e.g. no grid rows). ``draw_all(records, out_dir)`` draws whatever applies.
+
+    paths = draw_all(json.load(open("results.json"))["records"], "figures/")
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display on a cluster node or CI machine
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _benchmarks(records: list[dict]) -> list[str]:
+    return sorted({r["benchmark"] for r in records})
+
+
+def fig2_acceptance(records: list[dict], path: str | Path, temperature: float = 0.0) -> Path | None:
+    """alpha_j vs j for every speculative method with a drafter at ``temperature`` (grid rows left out)."""
+    rows = [
+        r
+        for r in records
+        if r["family"] == "speculative"
+        and r["temperature"] == temperature
+        and r.get("alpha")
+        and not r["settings"].get("grid")
+    ]
+    if not rows:
+        return None
+    benches = _benchmarks(rows)
+    fig, axes = plt.subplots(1, len(benches), figsize=(5.5 * len(benches), 4), squeeze=False)
+    for ax, bench in zip(axes[0], benches, strict=True):
+        for r in (r for r in rows if r["benchmark"] == bench):
+            alpha = [a for a in r["alpha"] if a is not None]
+            if alpha:
+                ax.plot(range(1, len(alpha) + 1), alpha, marker="o", label=r["method"])
+        ax.set(title=f"{bench}, T={temperature:g}", xlabel="draft position j", ylabel="acceptance rate alpha_j")
+        ax.set_ylim(0, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Per-position acceptance (Fig. 2)")
+    return _save(fig, path)
+
+
+def fig5_speedup_vs_k(records: list[dict], path: str | Path) -> Path | None:
+    """Speedup vs K, one line per drafter temperature, from rows with ``settings.grid``."""
+    rows = [r for r in records if r["settings"].get("grid") and r["speedup"] is not None]
+    if not rows:
+        return None
+    benches = _benchmarks(rows)
+    fig, axes = plt.subplots(1, len(benches), figsize=(5.5 * len(benches), 4), squeeze=False)
+    for ax, bench in zip(axes[0], benches, strict=True):
+        lines: dict[float, list[tuple[int, float]]] = defaultdict(list)
+        for r in rows:
+            if r["benchmark"] == bench:
+                lines[r["settings"]["drafter_temperature"]].append((r["settings"]["K"], r["speedup"]))
+        for tau in sorted(lines):
+            pts = sorted(lines[tau])
+            ax.plot([k for k, _ in pts], [s for _, s in pts], marker="o", label=f"tau_d = {tau:g}")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set(title=bench, xlabel="drafts per cycle K", ylabel="speedup over vanilla (x)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Speedup vs K at several drafter temperatures (Fig. 5)")
+    return _save(fig, path)
+
+
+def fig7_speedup_vs_steps(records: list[dict], path: str | Path, temperature: float = 0.0) -> Path | None:
+    """Speedup and tokens per verifier call vs distillation steps; the AR drafter as a horizontal line.
+
+    Distilled rows carry ``steps`` and ``settings.method`` (the loss); rows of the same loss form one line."""
+    rows = [r for r in records if r["family"] == "speculative" and r["temperature"] == temperature and r["speedup"]]
+    trained = [r for r in rows if r.get("steps") is not None]
+    if not trained:
+        return None
+    benches = _benchmarks(trained)
+    fig, axes = plt.subplots(2, len(benches), figsize=(5.5 * len(benches), 7), squeeze=False)
+    for col, bench in enumerate(benches):
+        lines: dict[str, dict[int, dict]] = defaultdict(dict)
+        for r in trained:
+            if r["benchmark"] == bench:
+                lines[r["settings"].get("method") or r["method"]][r["steps"]] = r  # the latest record wins
+        base = [r for r in rows if r["benchmark"] == bench and r["decoder"] == "ar_draft" and r.get("steps") is None]
+        for row, (key, label) in enumerate(
+            (("speedup", "speedup over vanilla (x)"), ("tokens_per_verifier_call", "tokens per verifier call"))
+        ):
+            ax = axes[row][col]
+            for name in sorted(lines):
+                pts = sorted(lines[name].items())
+                ax.plot([s for s, _ in pts], [r[key] for _, r in pts], marker="o", label=name)
+            if base:
+                ax.axhline(base[-1][key], color="black", ls="--", lw=1, label="AR drafter")
+            ax.set(xlabel="distillation steps", ylabel=label)
+            if row == 0:
+                ax.set_title(f"{bench}, T={temperature:g}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("Speedup vs distillation steps (Fig. 7)")
+    return _save(fig, path)
+
+
+def dllm_bars(records: list[dict], path: str | Path) -> Path | None:
+    """Bars of NFE per token and forward reduction vs static per block decoder, per benchmark and temperature."""
+    rows = [r for r in records if r["family"] == "block"]
+    if not rows:
+        return None
+    groups = sorted({(r["benchmark"], r["temperature"]) for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["method"], r["benchmark"], r["temperature"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        xs = [g + i * width for g in range(len(groups))]
+        for ax, key in zip(axes, ("nfe_per_token", "forward_reduction"), strict=True):
+            vals = [(by.get((m, b, t)) or {}).get(key) or 0.0 for b, t in groups]
+            ax.bar(xs, vals, width=width, label=m)
+    for ax, label in zip(
+        axes, ("target forwards per token (lower is better)", "fewer forwards than static (x)"), strict=True
+    ):
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+        ax.set_xticklabels([f"{b}\nT={t:g}" for b, t in groups], fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Block-diffusion decoders: forwards per token (SPOT / Spiffy vs draft-free)")
+    return _save(fig, path)
+
+
+FIGURES = {
+    "fig2_acceptance.png": fig2_acceptance,
+    "fig5_speedup_vs_k.png": fig5_speedup_vs_k,
+    "fig7_speedup_vs_steps.png": fig7_speedup_vs_steps,
+    "dllm_nfe.png": dllm_bars,
+}
+
+
+def draw_all(records: list[dict], out_dir: str | Path) -> dict[str, Path]:
+    """Every figure the records support, under ``out_dir``; returns {file name: path}."""
+    out = {}
+    for name, draw in FIGURES.items():
+        path = draw(records, Path(out_dir) / name)
+        if path is not None:
+            out[name] = path
+    return out

@@ -1,0 +1,134 @@
+"""Run one evaluation method over a prompt set and return its tokens and metrics (no model loading here).
+
+The evaluate stage (``pipelines/evaluate.py``) builds the models and drafters, then calls:
+
+    run = run_speculative(verifier, prompts, decoder_cfg, drafter, eos_token_id=eos, batch_size=1)
+    run = run_block(target, prompts, BlockDecodeConfig(rule="static", max_new_tokens=64), drafter=None)
+    run.tokens, run.metrics["tokens_per_s"], run.metrics["nfe_per_token"]
+
+Every method sees the same prompts, batches and stop rule; the decoder is the same code as ``stage=decode``.
+Metrics of several batches are summed before the ratios are taken, so a method's numbers do not depend on how the
+prompts were batched. Tests: ``python -m pytest tests/evaluation``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from streakline.decoding.block_diffusion import BlockDecodeConfig, BlockDrafter, decode_blocks
+from streakline.decoding.metrics import PHASES, DecodeMetrics
+from streakline.decoding.speculative import SpecConfig, generate
+from streakline.decoding.vanilla import left_pad
+
+
+@dataclass
+class MethodRun:
+    tokens: list[list[int]]  # per prompt
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def merge_metrics(parts: list[DecodeMetrics]) -> DecodeMetrics:
+    """One DecodeMetrics for several decode calls of the same method (counts summed, ratios recomputed)."""
+    first = parts[0]
+    total = DecodeMetrics(gamma=first.gamma, K=first.K, batch_size=max(p.batch_size for p in parts))
+    for p in parts:
+        for name in ("new_tokens", "nfe", "drafter_forwards", "cycles", "accepted"):
+            setattr(total, name, getattr(total, name) + getattr(p, name))
+        total.reached_at = [a + b for a, b in zip(total.reached_at, p.reached_at, strict=True)]
+        total.accepted_at = [a + b for a, b in zip(total.accepted_at, p.accepted_at, strict=True)]
+        total.chosen = [a + b for a, b in zip(total.chosen, p.chosen, strict=True)]
+        for phase in PHASES:
+            total.time_s[phase] += p.time_s[phase]
+        total.wall_s += p.wall_s
+    return total
+
+
+def run_speculative(
+    verifier,
+    prompts: list[list[int]],
+    spec: SpecConfig,
+    drafter=None,
+    *,
+    batch_size: int = 1,
+    tokenizer=None,
+) -> MethodRun:
+    """Decode ``prompts`` with the speculative decoder (``drafter`` None = vanilla); summed metrics."""
+    tokens: list[list[int]] = []
+    parts: list[DecodeMetrics] = []
+    for chunk in _chunks(prompts, batch_size):
+        res = generate(verifier, chunk, spec, drafter=drafter, tokenizer=tokenizer)
+        tokens.extend(res.tokens)
+        parts.append(res.metrics)
+    m = merge_metrics(parts)
+    out = m.to_dict()
+    out["nfe_per_token"] = m.nfe / m.new_tokens if m.new_tokens else 0.0
+    return MethodRun(tokens, out)
+
+
+def run_block(
+    target,
+    prompts: list[list[int]],
+    cfg: BlockDecodeConfig,
+    drafter: BlockDrafter | None = None,
+    *,
+    batch_size: int = 1,
+) -> MethodRun:
+    """Decode ``prompts`` with a block-diffusion decoder (``drafter``: SPOT / Spiffy, None = draft-free)."""
+    device = next(target.parameters()).device
+    tokens: list[list[int]] = []
+    nfe = drafts = forwards = 0
+    drafting = 0.0
+    t0 = time.perf_counter()
+    for chunk in _chunks(prompts, batch_size):
+        ids, mask = left_pad(chunk)
+        res = decode_blocks(target, ids.to(device), mask.to(device), cfg, drafter=drafter)
+        tokens.extend(res.tokens)
+        nfe += sum(res.nfe_per_row)
+        drafts += sum(res.drafts_per_forward)
+        forwards += res.nfe
+        drafting += res.seconds_drafting
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    new = sum(len(t) for t in tokens)
+    return MethodRun(
+        tokens,
+        {
+            "new_tokens": new,
+            "nfe": nfe,  # target forwards per row, summed: comparable across batch sizes
+            "nfe_per_token": nfe / new if new else 0.0,
+            "tokens_per_verifier_call": new / nfe if nfe else 0.0,
+            "drafts_per_forward": drafts / forwards if forwards else 0.0,
+            "wall_s": wall,
+            "tokens_per_s": new / wall if wall > 0 else 0.0,
+            "drafting_s": drafting,
+            "accepted_per_cycle": None,  # no drafter streak: a block decoder commits positions, not a chain
+            "alpha": [],
+        },
+    )
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[int]]) -> list[float]:
+    """Mean log-probability per completion token under a causal ``model`` at temperature 1 (one forward each).
+    Empty completions give NaN. The sampling-time losslessness statistic compares these between methods."""
+    device = next(model.parameters()).device
+    out = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        if not completion:
+            out.append(float("nan"))
+            continue
+        ids = torch.tensor([prompt + completion], device=device)
+        logits = model(ids)[0, len(prompt) - 1 : -1].float()
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+        out.append(float(lp.mean()))
+    return out

@@ -1,0 +1,77 @@
+"""stage=evaluate on the micro world: results.json follows its schema with every method lossless, results.md and
+the figures exist, a rerun is cached, and discovery finds this experiment's distill runs.
+Run: ``python -m pytest tests/pipelines/test_evaluate.py``."""
+
+import json
+import shutil
+
+import pytest
+
+from streakline.artifacts import StageRun
+from streakline.config import compose_config
+from streakline.evaluation.results import RECORD_FIELDS
+from streakline.pipelines import run_stage
+from streakline.pipelines.bootstrap import attach_world
+from streakline.pipelines.evaluate import discover
+
+METHODS = (
+    "evaluate.methods=[{name: vanilla, decoder: vanilla}, {name: ar_draft, decoder: ar_draft},"
+    " {name: base, decoder: diffusion_draft, K: 2}, {name: static, decoder: static},"
+    " {name: threshold, decoder: threshold}]"
+)
+
+
+def _cfg(root, *extra):
+    return compose_config(
+        ["stage=evaluate", "model=micro", f"run_root={root}", "evaluate.benchmarks=[tiny-math, tiny-code]",
+         "evaluate.prompts=2", "evaluate.max_new_tokens=12", "evaluate.temperatures=[0.0, 1.0]", *extra]
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def evaluated(micro_world):
+    return run_stage(_cfg(micro_world[0], METHODS))
+
+
+def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
+    doc = json.loads(open(evaluated["results"]).read())
+    records = doc["records"]
+    assert {"hardware", "versions", "experiment"} <= set(doc)
+    assert len(records) == 5 * 2 * 2
+    for r in records:
+        assert set(RECORD_FIELDS) <= set(r)
+        assert r["lossless"] is True, r["lossless_check"]
+        assert r["new_tokens"] > 0 and r["nfe_per_token"] > 0 and r["speedup"] > 0
+    spec = [r for r in records if r["family"] == "speculative" and r["decoder"] != "vanilla"]
+    assert all(len(r["alpha"]) == r["settings"]["gamma"] for r in spec)
+    sampled = [r for r in spec if r["temperature"] > 0]
+    assert sampled and all("p_value" in r["lossless_check"] for r in sampled)
+    md = open(evaluated["markdown"]).read()
+    assert "Table 2" in md and "| base |" in md and "| threshold |" in md
+    assert set(evaluated["figures"]) == {"fig2_acceptance.png", "dllm_nfe.png"}
+    for path in evaluated["figures"].values():
+        assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rerun_is_cached_by_config(micro_world, evaluated):
+    again = run_stage(_cfg(micro_world[0], METHODS))
+    assert again["folder"] == evaluated["folder"]
+
+
+def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
+    root, _, _ = micro_world
+    cfg = _cfg(tmp_path, "evaluate.k_grid=[1,2]", "evaluate.drafter_temperature_grid=[1.0]")
+    cfg.run_root = str(root)
+    attach_world(cfg)
+    cfg.run_root = str(tmp_path)
+    # A complete distill run of this experiment (its drafter: a copy of the world's).
+    with StageRun(tmp_path, cfg.experiment.name, "distill", {"method": {"name": "streak"}}) as run:
+        shutil.copytree(cfg.model.drafter.path, run.dir / "drafter")
+        run.add_output("drafter")
+        run.metrics.update(steps=40, **{"eval/tiny-math/decoder_streak": 1.5})
+    methods = {m["name"]: m for m in discover(cfg)}
+    assert {"vanilla", "ar_draft", "base", "streak", "grid K=1 tau=1", "grid K=2 tau=1", "static", "threshold"} <= set(
+        methods
+    )
+    assert methods["streak"]["steps"] == 40 and methods["streak"]["drafter"] == str(run.dir / "drafter")
+    assert methods["grid K=2 tau=1"]["drafter"] == str(run.dir / "drafter")
