@@ -9,7 +9,7 @@
 | ``ar_draft`` | a causal drafter proposes gamma tokens autoregressively | verifier + drafter |
 | ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
 | ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
-| ``spot`` / ``spiffy`` | block-diffusion speculative decoding (issue 7) | target |
+| ``spot`` / ``spiffy`` | a drafted tree / graph of block states, verified in one batched forward | target + artifact |
 """
 
 from __future__ import annotations
@@ -21,7 +21,25 @@ from .speculative import SpecConfig
 
 SPECULATIVE = {"vanilla": None, "ar_draft": ARDrafter, "diffusion_draft": DiffusionDrafter}
 BLOCK = ("static", "threshold")
-NOT_BUILT = ("spot", "spiffy")
+BLOCK_DRAFTED = ("spot", "spiffy")
+
+
+def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str = "cpu"):
+    """The SPOT or Spiffy drafter for ``decode_blocks(..., drafter=...)``. ``artifact``: the order-model folder
+    (spot) or graph JSON (spiffy) from their stages; ``settings``: a mapping with ``budget``, ``prune``,
+    ``gamma_floor`` (``DecoderConfig`` fields)."""
+    if name == "spot":
+        from streakline.models.order_model import OrderModel
+
+        from .spot import SpotDrafter
+
+        model = OrderModel.load(artifact).to(device).eval()
+        return SpotDrafter(model, budget=settings["budget"], gamma_floor=settings["gamma_floor"])
+    if name == "spiffy":
+        from .spiffy import SpiffyDrafter, SpiffyGraph
+
+        return SpiffyDrafter(SpiffyGraph.load(artifact), prune=settings["prune"])
+    raise ValueError(f"decoder={name} has no block drafter; valid: {', '.join(BLOCK_DRAFTED)}")
 
 
 def speculative_setup(
@@ -34,8 +52,6 @@ def speculative_setup(
 ) -> tuple[SpecConfig, ARDrafter | DiffusionDrafter | None]:
     """``SpecConfig`` and drafter for a ``decoder`` config (``DecoderConfig`` or its DictConfig)."""
     name = decoder.name
-    if name in NOT_BUILT:
-        raise NotImplementedError(f"decoder={name} is not built yet in this version (block-diffusion SPOT/Spiffy)")
     if name not in SPECULATIVE:
         raise ValueError(f"decoder={name} is not a speculative decoder; valid: {', '.join(SPECULATIVE)}")
     kind = SPECULATIVE[name]

@@ -12,6 +12,7 @@ with ``token_ids`` (the generated ids), ``text`` and the metrics (``tokens_per_v
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Any
 
@@ -22,7 +23,7 @@ from streakline.config import ConfigError
 from streakline.decoding.acceptance import get_rule
 from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
 from streakline.decoding.cross_tokenizer import CrossTokenizerDrafter, VocabBridge
-from streakline.decoding.registry import BLOCK, speculative_setup
+from streakline.decoding.registry import BLOCK, BLOCK_DRAFTED, block_drafter, speculative_setup
 from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import left_pad
 from streakline.models import build
@@ -39,7 +40,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     attach_world(cfg)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     name = cfg.decoder.name
-    main_role = "target" if name in BLOCK else "verifier"
+    block = name in BLOCK + BLOCK_DRAFTED
+    main_role = "target" if block else "verifier"
     tokenizer = role_tokenizer(cfg, main_role)
     text_prompt = None if cfg.prompt is None else unescape(cfg.prompt)
     prompt = list(cfg.prompt_ids) if cfg.prompt_ids is not None else encode(tokenizer, text_prompt)
@@ -50,22 +52,33 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
     eos = tokenizer.eos_token_id if tokenizer is not None else main.config.eos_token_id
 
-    if name in BLOCK:
+    if block:
+        drafter = None
+        if name in BLOCK_DRAFTED:
+            artifact = importlib.import_module(f"{__package__}.{name}").locate(cfg)
+            drafter = block_drafter(name, artifact, cfg.decoder, device=device)
         ids, mask = left_pad([prompt])
         res = decode_blocks(
             main,
             ids.to(device),
             mask.to(device),
             BlockDecodeConfig(
-                rule=name,
+                rule=name if name in BLOCK else cfg.decoder.rule,
                 threshold=cfg.decoder.threshold,
                 max_new_tokens=cfg.decoder.max_new_tokens,
                 eos_token_id=eos,
                 temperature=cfg.decoder.temperature,
+                seed=cfg.decoder.seed,
             ),
+            drafter=drafter,
         )
         tokens = res.tokens[0]
-        metrics = {"nfe": res.nfe, "tokens_per_verifier_call": len(tokens) / max(1, res.nfe)}
+        metrics = {
+            "nfe": res.nfe,
+            "tokens_per_verifier_call": len(tokens) / max(1, res.nfe),
+            "commits_per_forward": res.commits_per_forward,
+            "drafts_per_forward": res.drafts_per_forward,
+        }
     else:
         drafter_model = None
         if name != "vanilla":

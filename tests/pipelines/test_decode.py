@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from streakline.config import ConfigError, compose_config
+from streakline.models.checkpoint import CheckpointError
 from streakline.pipelines import run_stage
 from streakline.pipelines.bootstrap import attach_world
 
@@ -66,7 +67,7 @@ def test_bad_input_is_refused_with_the_fix(world_root):
         _decode(
             world_root, "decoder=diffusion_draft", "prompt=x", "decoder.temperature=1", "decoder.acceptance=leviathan"
         )
-    with pytest.raises(ConfigError, match="not built yet"):
+    with pytest.raises(CheckpointError, match="stage=spot"):
         _decode(world_root, "decoder=spot", "prompt=x")
 
 
