@@ -44,7 +44,10 @@ def main() -> None:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     cfg = as_schema(cfg)
+    cfg.overrides = list(HydraConfig.get().overrides.task)
     try:
         validate(cfg)
     except ConfigError as err:

@@ -53,15 +53,23 @@ def as_schema(cfg: DictConfig | dict) -> DictConfig:
 def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictConfig:
     """Compose ``conf/config.yaml`` with command-line style ``overrides``, as ``launch.py`` would.
 
+    The overrides are kept in ``cfg.overrides`` (stage=pipeline composes each stage from them). Inside a
+    running Hydra app (launch.py) it composes with that app's search path.
+
     With ``check`` (the default) the result is validated and its paths made absolute. Must not be called
     while a Hydra app is running in this process (Hydra's global state is then already initialised).
     """
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
     args = rewrite_overrides(list(overrides), CONF_DIR)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
+    if GlobalHydra.instance().is_initialized():  # inside launch.py's app (stage=pipeline): compose in place
         cfg = as_schema(compose(config_name="config", overrides=args))
+    else:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
+            cfg = as_schema(compose(config_name="config", overrides=args))
+    cfg.overrides = list(overrides)
     if check:
         validate(cfg)
         resolve_paths(cfg)

@@ -336,7 +336,19 @@ class LauncherConfig:
 @dataclass
 class ExperimentConfig:
     name: str = MISSING
-    stages: list[str] = field(default_factory=list)  # chained in order by stage=pipeline
+    # chained in order by stage=pipeline; each entry is a stage name and optional overrides for that stage only,
+    # e.g. "distill method=ar_distill trainer.steps=150"
+    stages: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SweepConfig:
+    """stage=sweep (experiment=nightly_fig7): evaluate every checkpoint of the experiment's distill runs."""
+
+    # distill runs to train (or continue) first, each "method=<name> [overrides]"; empty: evaluate what exists
+    train: list[str] = field(default_factory=list)
+    temperature: float = 0.0  # verifier temperature of the Fig. 7 points
+    history: str | None = None  # JSONL of every evaluated point; None: <run_root>/<experiment>/sweep/history.jsonl
 
 
 @dataclass
@@ -351,12 +363,16 @@ class Config:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     spot: SpotConfig = field(default_factory=SpotConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     spiffy: SpiffyConfig = field(default_factory=SpiffyConfig)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0
     # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids
     prompt: str | None = None
     prompt_ids: list[int] | None = None
+    # the command line's overrides, as given (set by launch.py / compose_config); stage=pipeline and stage=sweep
+    # compose each stage they run from these plus the stage's own overrides
+    overrides: list[str] = field(default_factory=list)
 
 
 # The dataclass behind each config group folder, for tools that check a YAML file against its schema.

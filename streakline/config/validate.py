@@ -279,7 +279,8 @@ def _launcher(cfg: DictConfig) -> None:
 
 def _experiment(cfg: DictConfig) -> None:
     chainable = tuple(s for s in STAGES if s != "pipeline")
-    for i, stage in enumerate(cfg.experiment.stages):
+    for i, entry in enumerate(cfg.experiment.stages):
+        stage = (entry.split() or [""])[0]
         if stage not in chainable:
             raise ConfigError(f"experiment.stages[{i}]={stage!r} is not valid; choose from: {', '.join(chainable)}")
     if cfg.stage.name == "pipeline" and not cfg.experiment.stages:

@@ -18,6 +18,7 @@ their stage artifacts exist. Output: ``<run_root>/<experiment>/evaluate/<hash>/`
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from streakline.artifacts import ArtifactError, StageRun, read_manifest
+from streakline.artifacts import ArtifactError, StageRun, config_hash, find_complete, read_manifest
 from streakline.config import ConfigError
 from streakline.data.benchmarks import load_benchmark, prompt_text
 from streakline.decoding.block_diffusion import BlockDecodeConfig
@@ -268,24 +269,21 @@ def _check(rows: list[dict]) -> None:
         r.update(lossless=check["lossless"], lossless_check=check)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    attach_world(cfg)
-    ev = cfg.evaluate
-    if not ev.benchmarks or not ev.temperatures:
-        raise ConfigError("evaluate.benchmarks and evaluate.temperatures must not be empty")
-    methods = (
-        [dict(_method(m.name, m.decoder), **{k: v for k, v in m.items() if v is not None}) for m in ev.methods]
-        if ev.methods
-        else discover(cfg)
-    )
-    for m in methods:
-        if m["decoder"] in ("ar_draft", "diffusion_draft") and not m.get("grid") and m.get("drafter") is None:
-            m["drafter"] = None  # the preset's drafter
+def with_references(methods: list[dict]) -> list[dict]:
+    """``methods`` plus the reference decoders their checks and speedups need (vanilla, static, threshold)."""
     names = {m["decoder"] for m in methods}
+    extra = []
     if names & {"ar_draft", "diffusion_draft"} and "vanilla" not in names:
-        methods.insert(0, _method("vanilla", "vanilla"))
-    if names & set(BLOCK_DRAFTED) and "static" not in names:
-        methods.insert(0, _method("static", "static"))
+        extra.append(_method("vanilla", "vanilla"))
+    rules = {m.get("rule") or "static" for m in methods if m["decoder"] in BLOCK_DRAFTED}
+    extra += [_method(rule, rule) for rule in sorted(rules) if rule not in names]
+    return extra + methods
+
+
+def evaluate_methods(cfg: DictConfig, methods: list[dict]) -> list[dict]:
+    """Run ``methods`` (``_method`` dicts) on cfg.evaluate's benchmarks and temperatures; checked, finalised
+    records (without tokens). The sweep calls this too."""
+    methods = with_references(methods)
     prompts, eos = {}, {}
     if any(m["decoder"] not in BLOCK + BLOCK_DRAFTED for m in methods):
         tok = role_tokenizer(cfg, "verifier")
@@ -293,19 +291,49 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if any(m["decoder"] in BLOCK + BLOCK_DRAFTED for m in methods):
         tok = role_tokenizer(cfg, "target")
         prompts["block"], eos["target"] = _prompts(cfg, tok), tok.eos_token_id
+    job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
+    ev = cfg.evaluate
+    print(f"evaluate: {len(methods)} methods x {len(ev.benchmarks)} benchmarks x {len(ev.temperatures)} temperatures")
+    rows = _evaluate_all(cfg, job, methods)
+    _check(rows)
+    return finalize([{k: v for k, v in r.items() if k not in ("tokens", "logprobs")} for r in rows])
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    attach_world(cfg)
+    ev = cfg.evaluate
+    if not ev.benchmarks or not ev.temperatures:
+        raise ConfigError("evaluate.benchmarks and evaluate.temperatures must not be empty")
+    if ev.methods:
+        methods = [
+            dict(_method(m.name, m.decoder), **{k: v for k, v in m.items() if v is not None}) for m in ev.methods
+        ]
+    else:
+        methods = discover(cfg)
     key = {
         "methods": methods,
         "evaluate": OmegaConf.to_container(ev, resolve=True),
         "seed": cfg.seed,
+        "decoder": OmegaConf.to_container(cfg.decoder, resolve=True),
         "models": {r: cfg.model[r].get("path") for r in ("verifier", "drafter", "target") if r in cfg.model},
     }
-    job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
-    print(f"evaluate: {len(methods)} methods x {len(ev.benchmarks)} benchmarks x {len(ev.temperatures)} temperatures")
+    done = find_complete(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key))
+    if done is not None:
+        print((done / "results.md").read_text())
+        print(f"evaluate: already evaluated with these settings: {done / 'results.json'}")
+        figures = {p.name: str(p) for p in sorted((done / "figures").glob("*.png"))}
+        records = json.loads((done / "results.json").read_text())["records"]
+        return {
+            "folder": str(done),
+            "results": str(done / "results.json"),
+            "markdown": str(done / "results.md"),
+            "figures": figures,
+            "records": records,
+            "cached": True,
+        }
     t0 = time.perf_counter()
     with StageRun(cfg.run_root, cfg.experiment.name, STAGE, key) as stage_run:
-        rows = _evaluate_all(cfg, job, methods)
-        _check(rows)
-        records = finalize([{k: v for k, v in r.items() if k not in ("tokens", "logprobs")} for r in rows])
+        records = evaluate_methods(cfg, methods)
         meta = {
             "experiment": cfg.experiment.name,
             "hardware": hardware(),
@@ -335,6 +363,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "markdown": str(md_path),
         "figures": {k: str(v) for k, v in figures.items()},
         "records": records,
+        "cached": False,
     }
 
 

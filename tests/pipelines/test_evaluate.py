@@ -55,7 +55,8 @@ def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
 
 def test_rerun_is_cached_by_config(micro_world, evaluated):
     again = run_stage(_cfg(micro_world[0], METHODS))
-    assert again["folder"] == evaluated["folder"]
+    assert again["cached"] and not evaluated["cached"]
+    assert again["folder"] == evaluated["folder"] and again["records"] == json.loads(json.dumps(evaluated["records"]))
 
 
 def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):

@@ -1,0 +1,107 @@
+"""Stage ``sweep``: the nightly Figure 7. Evaluate every checkpoint of the experiment's distill runs that has not
+been evaluated yet, append the points to a history file, and redraw speedup vs distillation steps.
+
+    python launch.py stage=sweep experiment=nightly_fig7            # train (cached) + evaluate new checkpoints
+    python launch.py stage=sweep model=tiny experiment=default      # only evaluate what this experiment has
+
+``sweep.train`` lists distill runs to train first (each ``"method=<name> [overrides]"``; a finished run is a
+cache hit, so a nightly job that keeps the same list costs nothing when nothing changed). Checkpoints are each
+run's ``checkpoints/step-*`` folders plus its final ``drafter/``. Each night also measures ``vanilla`` (the
+speedup reference) and ``ar_draft`` (the horizontal baseline) in the same process. Idempotent: a checkpoint
+already in the history (same folder) is skipped, so rerunning adds nothing.
+
+Outputs in ``<run_root>/<experiment>/sweep/``: ``history.jsonl`` (one evaluation record per line, with
+``night`` and ``checkpoint``) and ``fig7_speedup_vs_steps.png``. Scheduling: docs/evaluation.md (cron or a
+recurring Slurm job).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from streakline.artifacts import atomic_file
+from streakline.config import compose_config
+from streakline.evaluation.figures import fig7_speedup_vs_steps
+
+from .bootstrap import attach_world
+from .evaluate import _method, distill_runs, evaluate_methods
+
+STAGE = "sweep"
+
+
+def history_path(cfg: DictConfig) -> Path:
+    return Path(cfg.sweep.history or Path(cfg.run_root, cfg.experiment.name, STAGE, "history.jsonl"))
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {n} is not JSON ({e}); fix or delete that line") from e
+    return records
+
+
+def checkpoints(run: dict[str, Any]) -> list[tuple[int, str]]:
+    """(steps, folder) of every checkpoint of a distill run, by steps; the final drafter unless a step checkpoint
+    of the same step count exists (it holds the same weights)."""
+    folder = Path(run["folder"])
+    found = {int(p.name.split("-")[1]): str(p) for p in folder.glob("checkpoints/step-*") if p.name[5:].isdigit()}
+    if run["steps"] is not None and run["steps"] not in found:
+        found[int(run["steps"])] = str(folder / "drafter")
+    return sorted(found.items())
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    from . import run_stage
+
+    attach_world(cfg)
+    base = [o for o in cfg.overrides if o.split("=", 1)[0].lstrip("+~") != "stage"]
+    for entry in cfg.sweep.train:
+        print(f"sweep: distill {entry}")
+        run_stage(compose_config([*base, "stage=distill", *shlex.split(entry)]))
+    path = history_path(cfg)
+    history = read_history(path)
+    seen = {(r.get("checkpoint"), r["benchmark"]) for r in history if r.get("checkpoint")}
+    methods = []
+    for run_ in distill_runs(cfg):
+        for steps, ckpt in checkpoints(run_):
+            if all((ckpt, b) in seen for b in cfg.evaluate.benchmarks):
+                continue
+            label = f"{run_['method']}@{Path(run_['folder']).name}"
+            methods.append(_method(label, "diffusion_draft", drafter=ckpt, steps=steps, loss=run_["method"]))
+    night = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    new: list[dict] = []
+    if methods:
+        cfg.evaluate.temperatures = [cfg.sweep.temperature]
+        records = evaluate_methods(cfg, [_method("ar_draft", "ar_draft"), *methods])
+        for r in records:
+            r.update(night=night, checkpoint=r["drafter"] if r.get("steps") is not None else None)
+            new.append(r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path, "w") as f:  # rewrite whole: a crash never leaves half a line
+            for r in history + new:
+                f.write(json.dumps(r) + "\n")
+    else:
+        print("sweep: every checkpoint is already in the history; nothing to evaluate")
+    figure = fig7_speedup_vs_steps(history + new, path.parent / "fig7_speedup_vs_steps.png", cfg.sweep.temperature)
+    points = sum(1 for r in new if r.get("checkpoint"))
+    print(f"sweep: {points} new points ({len(methods)} checkpoints) appended to {path}")
+    if figure is not None:
+        print(f"sweep: figure {figure}")
+    return {
+        "history": str(path),
+        "new_points": points,
+        "figure": str(figure) if figure else None,
+        "folder": str(path.parent),
+    }
