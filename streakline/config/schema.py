@@ -337,7 +337,7 @@ class LauncherConfig:
 class ExperimentConfig:
     name: str = MISSING
     # chained in order by stage=pipeline; each entry is a stage name and optional overrides for that stage only,
-    # e.g. "distill method=ar_distill trainer.steps=150"
+    # e.g. "distill method=ar_distill trainer.max_steps=150"
     stages: list[str] = field(default_factory=list)
 
 
