@@ -11,6 +11,7 @@ then hand the config to the stage named by ``stage=``. Heavy libraries are impor
 here, so ``--help`` and ``--cfg`` stay fast.
 """
 
+import os
 import sys
 
 import hydra
@@ -28,6 +29,8 @@ from streakline.config import (
 )
 
 USAGE_ERROR = 2
+# Stages that start one process per GPU: inside a multi-node / multi-GPU Slurm job each node runs torchrun over them.
+TORCHRUN_STAGES = ("distill",)
 
 
 def main() -> None:
@@ -53,6 +56,8 @@ def _app(cfg: DictConfig) -> None:
     except ConfigError as err:
         _fail(f"invalid config: {err}")
     resolve_paths(cfg)
+    if cfg.launcher.name == "slurm" and cfg.stage.name in TORCHRUN_STAGES and _run_ranks(cfg):
+        return
 
     # Only the entry point may import pipelines/ (DESIGN.md, Layout).
     from streakline.models import CheckpointError
@@ -65,7 +70,28 @@ def _app(cfg: DictConfig) -> None:
         _fail(str(err))
 
 
+def _run_ranks(cfg: DictConfig) -> bool:
+    """Inside a Slurm job with more than one process to start (several nodes or GPUs), run this node's torchrun
+    over the same command line (every rank composes the driver's config) and return True; else False."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from streakline.launch.slurm import node_command
+
+    hydra_cfg = HydraConfig.get()
+    ranks = node_command(cfg.launcher.gpus_per_node, hydra_cfg.overrides.task, hydra_cfg.runtime.output_dir)
+    if ranks is None:
+        return False
+    import subprocess
+
+    code = subprocess.call(ranks)
+    if code != 0:  # an exception, not SystemExit: submitit reports it back to the driver
+        raise RuntimeError(f"torchrun exited with status {code}: {' '.join(ranks)}")
+    return True
+
+
 def _fail(message: str) -> None:
-    # SystemExit is not an Exception, so Hydra's error reporter lets it through with our status intact.
     print(f"streakline: {message}", file=sys.stderr)
+    if os.environ.get("SUBMITIT_EXECUTOR"):  # a submitit job returns exceptions to its driver; SystemExit would hang it
+        raise RuntimeError(f"streakline: {message}")
+    # SystemExit is not an Exception, so Hydra's error reporter lets it through with our status intact.
     raise SystemExit(USAGE_ERROR)
