@@ -115,7 +115,15 @@ def block_diffusion_loss(
     L = model.config.block_size
     noisy, masked, rate = noise_blocks(ids, L, mask_id, generator, eps=MDM_EPS)
     input_ids, position_ids, attn_mask = block_diffusion_input(ids, noisy, L)
-    hidden = model.hidden(input_ids, position_ids=position_ids, attn_mask=attn_mask)[:, :T]
+    both = model.hidden(input_ids, position_ids=position_ids, attn_mask=attn_mask)
+    hidden = both[:, :T]
+    if model.config.shift:
+        # Token i is read from position i - 1: inside a block from the noisy stream, at a block's first position from
+        # the clean stream (at decode time the previous block sits clean in the cache). Position 0 predicts nothing.
+        last = ((torch.arange(T, device=ids.device) + 1) % L == 0)[None, :, None]  # j + 1 starts a block
+        hidden = torch.where(last, both[:, T:], hidden).roll(1, dims=1)
+        masked = masked.clone()
+        masked[:, 0] = False
     logits = model.logits(hidden).float()
     ce = F.cross_entropy(logits.flatten(0, 1), ids.flatten(), reduction="none").view(B, T)
     loss = (ce * masked / rate).sum() / (B * T)

@@ -104,6 +104,9 @@ class PretrainConfig:
     eval_every: int = 100  # steps between held-out evaluations
     eval_batches: int = 4
     math_share: float = 0.5  # probability that a training sequence is drawn from the math stream
+    # start from the trained weights of an earlier role of the same architecture (the target from the verifier:
+    # an AR model turned into a block-diffusion one, as SDAR and Dream are built); None: fresh weights
+    init_from: str | None = None
 
 
 @dataclass

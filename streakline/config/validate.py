@@ -190,6 +190,19 @@ def check_world(cfg: DictConfig) -> None:
             _positive(cfg, f"model.world.{role}.{key}")
         _between(cfg, f"model.world.{role}.lr", 0.0, 1.0)
         _between(cfg, f"model.world.{role}.math_share", 0.0, 1.0)
+    for i, role in enumerate(ROLES):
+        source = world[role].init_from
+        if source is None:
+            continue
+        if source not in ROLES[:i]:
+            raise ConfigError(
+                f"model.world.{role}.init_from={source!r} must name a role built before it: {', '.join(ROLES[:i])}"
+            )
+        if cfg.model[source].arch != cfg.model[role].arch:
+            raise ConfigError(
+                f"model.world.{role}.init_from={source} needs model.{role}.arch to equal model.{source}.arch "
+                "(the weights are copied as they are)"
+            )
     if world.window > world.drafter.seq_len // 2:
         raise ConfigError(
             f"model.world.window={world.window} leaves no room for a prefix in drafter sequences of "
@@ -275,6 +288,12 @@ def _launcher(cfg: DictConfig) -> None:
     _at_least(cfg, "launcher.gpus_per_node", 0)
     _at_least(cfg, "launcher.time_min", 1)
     _at_least(cfg, "launcher.workers", 1, optional=True)
+    if cfg.launcher.nodes > 1 and cfg.stage.name != "distill":
+        raise ConfigError(
+            f"launcher.nodes={cfg.launcher.nodes}: only stage=distill spans nodes (torchrun on each); stage="
+            f"{cfg.stage.name} would run once per node. Use launcher.nodes=1 (trajectories and evaluate fan out "
+            "with launcher=ray instead)"
+        )
 
 
 def _experiment(cfg: DictConfig) -> None:

@@ -300,6 +300,14 @@ def _verify_forward(model: Transformer, root: torch.Tensor, drafts: Drafts, pos:
     return logits.view(B, n, L, -1)
 
 
+def _shift(block_logits: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Per-position logits of a *shifted* target (the logits at position i predict token i + 1, as in AR-initialised
+    diffusion models such as Dream): ``[N, L, V]`` forward logits of a block -> ``[N, L, V]`` predictions for the
+    block's own positions. ``before`` ``[N, V]``: the logits of the position just before the block, which belongs
+    to a finished block (block-causal: it never sees the current one), so it is computed once per block."""
+    return torch.cat([before[:, None], block_logits[:, :-1]], dim=1)
+
+
 def _new_block_gumbel(cfg: BlockDecodeConfig, out_positions: torch.Tensor, vocab: int) -> torch.Tensor | None:
     return coupled_gumbel(out_positions, vocab, cfg.seed) if cfg.temperature > 0 else None
 
@@ -330,6 +338,8 @@ def decode_blocks(
     B, P = prompt_ids.shape
     dev = prompt_ids.device
     V = model.config.vocab_size
+    shifted = model.config.shift
+    before = None  # shifted targets: [B, V] logits of the position just before the current block
     valid = torch.ones(B, P, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
     prompts = [prompt_ids[r][valid[r]] for r in range(B)]
     lens = torch.tensor([len(p) for p in prompts], device=dev)
@@ -378,6 +388,9 @@ def decode_blocks(
             if drafts is not None:
                 res.drafts_per_forward.append(int(drafts.valid.sum()))
                 all_logits = _verify_forward(model, tokens, drafts, pos, cache)
+                if shifted:
+                    all_logits = _shift(all_logits.flatten(0, 1), before.repeat_interleave(all_logits.shape[1], 0))
+                    all_logits = all_logits.view(B, -1, L, all_logits.shape[-1])
                 stale, tokens, masked, n_commits = _walk(all_logits, tokens, masked, drafts, pos, gumbel, commit_step)
                 res.commits_per_forward.append(n_commits)
                 continue
@@ -390,9 +403,17 @@ def decode_blocks(
             elif stale is None and carry is not None:
                 ids = torch.cat([carry, tokens], dim=1)
                 fpos = (start - L)[:, None] + torch.arange(2 * L, device=dev)
-            logits = model(ids, position_ids=fpos, attention_mask=mask_arg, cache=cache, logits_to_keep=L)
+            keep = L + 1 if shifted and ids.shape[1] > L else L
+            logits = model(ids, position_ids=fpos, attention_mask=mask_arg, cache=cache, logits_to_keep=keep)
             # Keep the prefill / previous block just stored; the current block's KV is provisional.
             cache.crop(cache.length - L)
+            if shifted:
+                if stale is None:  # the block's first forward also ran the position before the block
+                    # keep == L only when no prompt block was prefilled: then block position 0 holds a prompt token
+                    # for every row, nothing reads its prediction, and position 0's own logits fill the slot.
+                    before = logits[:, 0]
+                    logits = logits[:, keep - L :]
+                logits = _shift(logits, before)
             res.drafts_per_forward.append(0)
             stale = commit_step(tokens, masked, logits, pos, gumbel)
             res.commits_per_forward.append(int(stale.commit.sum()))
@@ -499,7 +520,11 @@ def decode_blocks_reference(
         pos = begin + torch.arange(L, device=dev)[None]
         while bool(masked.any()):
             ids = torch.cat([torch.tensor([seq[:begin]], dtype=torch.long, device=dev), tokens], dim=1)
-            logits = model(ids, mode="block_causal")[:, begin:]
+            logits = model(ids, mode="block_causal")
+            if model.config.shift:  # position begin - 1 predicts the block's first token (absent: a prompt token)
+                logits = _shift(logits[:, begin:], logits[:, max(begin - 1, 0)])
+            else:
+                logits = logits[:, begin:]
             gumbel = _new_block_gumbel(cfg, pos - P, model.config.vocab_size)
             step = _step(block, res.nfe, tokens, masked, pos, pos - P, logits, cfg, rule, gumbel)
             res.nfe += 1

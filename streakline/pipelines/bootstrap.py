@@ -12,7 +12,7 @@ Recipe (sizes, steps and learning rates come from ``conf/model/<world>.yaml``):
   1. a byte-level BPE tokenizer on the code + math training texts;
   2. the verifier, causal LM on a code/math mix;
   3. the drafter, masked diffusion on packed draft windows (``prefix_causal``);
-  4. the target, block diffusion (``block_causal``);
+  4. the target, block diffusion (``block_causal``), from the verifier's weights when ``init_from: verifier``;
   5. the sanity report (``report.json``): held-out loss/accuracy, the drafter's simulated streak against the
      verifier's greedy continuations, the target's forwards per token under static and threshold decoding.
 """
@@ -58,6 +58,9 @@ def world_key(cfg: DictConfig) -> dict[str, Any]:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     for role in ROLES:
         model[role]["path"] = model[role]["tokenizer"] = None
+        recipe = (model.get("world") or {}).get(role) or {}
+        if recipe.get("init_from", "absent") is None:  # a field added later: unset, it must not move old worlds
+            del recipe["init_from"]
     return {"model": model, "corpus": corpus_fingerprint(), "recipe": RECIPE_VERSION}
 
 
@@ -156,6 +159,8 @@ def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
             t = time.perf_counter()
             pcfg = world[role]
             model = build(cfg.model[role], role, dtype="float32", seed=world.seed + i)
+            if pcfg.init_from is not None:  # e.g. the target from the verifier: AR weights, block-diffusion training
+                model.load_state_dict(models[pcfg.init_from].state_dict())
             model.config.mask_token_id = mask_id
             model.config.eos_token_id = tokenizer.eos_token_id
             model.config.pad_token_id = tokenizer.pad_token_id

@@ -22,8 +22,8 @@ MAX_NEW = 10  # not a multiple of L, so the last block is cut
 # The random target is unsure (confidences around 0.05), so a low tau gives steps that commit 1 to 4 positions.
 
 
-def _model(seed: int = 5, scale: float = 1.0) -> Transformer:
-    model = Transformer(tiny_config("sdar")).init_weights(seed=seed, std=0.1).double().eval()
+def _model(seed: int = 5, scale: float = 1.0, shift: bool = False) -> Transformer:
+    model = Transformer(tiny_config("sdar", shift=shift)).init_weights(seed=seed, std=0.1).double().eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(scale)
     return model
@@ -204,6 +204,20 @@ def test_rules_on_hand_built_steps():
     assert toks.equal(cand)
     commit, _ = COMMIT_RULES["threshold"](step, BlockDecodeConfig(rule="threshold", threshold=0.6, max_new_tokens=1))
     assert commit.tolist() == [[False, True, True, False], [False, True, False, False]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shifted_target_cached_equals_reference(temperature):
+    """A shifted target (logits at i predict token i + 1): the cached decoder reads the position before each block
+    from the block's first forward; the reference recomputes everything."""
+    model = _model(seed=8, shift=True)
+    cfg = BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="threshold", threshold=0.05, temperature=temperature)
+    prompts = _prompts((6, 3, 9, 8))  # 8: the prompt fills whole blocks, so block 0 starts after the prefill
+    ids, mask = _left_pad(prompts)
+    batched = decode_blocks(model, ids, mask, cfg)
+    for r, p in enumerate(prompts):
+        assert batched.tokens[r] == decode_blocks_reference(model, p[None], None, cfg).tokens[0]
+    assert batched.tokens != decode_blocks(_model(seed=8), ids, mask, cfg).tokens  # the shift matters
 
 
 @pytest.mark.parametrize("rule", ["static", "threshold"])

@@ -66,6 +66,15 @@ def _record(model, ids, mask, cfg, drafter=None):
 @pytest.mark.parametrize("rule", ["static", "threshold"])
 @pytest.mark.parametrize("depth,junk", [(1, 0), (3, 2), (8, 0), (0, 3)])
 def test_walk_reproduces_the_draft_free_decoder(model, rule, temperature, depth, junk):
+    _walk_case(model, rule, temperature, depth, junk)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["T0", "T1"])
+def test_walk_on_a_shifted_target(temperature):
+    _walk_case(_model(seed=8, shift=True), "static", temperature, depth=3, junk=1)
+
+
+def _walk_case(model, rule, temperature, depth, junk):
     cfg = BlockDecodeConfig(max_new_tokens=MAX_NEW, rule=rule, threshold=0.05, temperature=temperature, seed=2)
     ids, mask = _left_pad(_prompts())
     plain, trace = _record(model, ids, mask, cfg)
