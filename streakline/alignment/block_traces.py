@@ -11,7 +11,7 @@ never needs the tail, and it keeps a step at ``L * k`` numbers.
     traces = read_trace_shards(folder)
 
 A step's ``stale`` view at step t is its own top-k; the SPOT order model and the Spiffy calibrator pair step t's
-distribution with the states that follow (ALGORITHMS.md sections 8-9; docs/block_drafting.md says exactly how).
+distribution with the states that follow (ALGORITHMS.md sections 8-9; docs/spot.md and docs/spiffy.md say how).
 Tests: ``python -m pytest tests/alignment/test_block_traces.py``.
 """
 

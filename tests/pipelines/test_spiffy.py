@@ -1,0 +1,106 @@
+"""stage=spiffy on the micro world: graph.json + metrics.json, the cached rerun, ``locate`` and its errors, and the
+located graph decoding exactly like the draft-free decoder. Run: ``python -m pytest tests/pipelines/test_spiffy.py``."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.artifacts import read_manifest
+from streakline.config import ConfigError, compose_config
+from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
+from streakline.decoding.spiffy import SpiffyGraph
+from streakline.decoding.vanilla import left_pad
+from streakline.models import CheckpointError, build
+from streakline.pipelines import run_stage
+from streakline.pipelines.bootstrap import attach_world
+from streakline.pipelines.decode import role_tokenizer
+from streakline.pipelines.spiffy import encode_prompts, locate, prompt_records, spiffy_drafter
+
+SETTINGS = [
+    "spiffy.prompt_sources=[tiny-math-train,tiny-code]",  # tiny-code-train parses the stdlib (seconds): not here
+    "spiffy.prompts=4",
+    "spiffy.max_new_tokens=16",
+    "spiffy.horizon=3",
+    "spiffy.budget=5",
+    "spiffy.batch_size=4",
+    "spiffy.top_k=8",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Tiny models gain nothing from a second thread, and on a shared 2-core machine two OpenMP threads contending
+    # with another job made these tests 10-15x slower (55 s vs 3.4 s measured). The session's setting comes back after.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _cfg(root, *extra):
+    return compose_config(
+        ["stage=spiffy", "model=micro", f"run_root={root}", "experiment.name=spiffy-test", *SETTINGS, *extra]
+    )
+
+
+@pytest.fixture(scope="module")
+def first(micro_world):
+    root = micro_world[0]
+    return root, run_stage(_cfg(root))
+
+
+def test_stage_writes_the_graph_and_its_metrics(first):
+    root, res = first
+    assert not res["cached"]
+    folder = Path(res["folder"])
+    graph = SpiffyGraph.load(res["graph"])
+    h = graph.header
+    assert (h["target"], h["rule"], h["temperature"], h["top_k"], h["horizon"], h["budget"]) == (
+        "micro-target",
+        "static",
+        0.0,
+        8,
+        3,
+        5,
+    )
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["prompts"] == 4 and metrics["steps"] > 0 and metrics["nodes"] == graph.size
+    assert 1 <= graph.size <= 5 and 0.0 < metrics["coverage"] <= 1.0
+    manifest = read_manifest(folder)
+    assert manifest.status == "complete" and {"graph.json", "metrics.json"} <= set(manifest.outputs)
+
+
+def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
+    root, res = first
+    again = run_stage(_cfg(root))
+    assert again["cached"] and again["graph"] == res["graph"]
+    cfg = attach_world(_cfg(root), progress=False)
+    assert locate(cfg) == Path(res["graph"])
+    cfg.decoder.artifact = res["folder"]  # a run folder works as well as the file
+    assert locate(cfg) == Path(res["graph"])
+
+    # The located graph drafts for the micro target and decodes exactly like the draft-free decoder.
+    cfg.decoder.artifact = None
+    cfg.decoder.budget, cfg.decoder.prune = 3, 2
+    drafter = spiffy_drafter(cfg)
+    assert drafter.graph.size == 3 and drafter.prune == 2
+    target = build(cfg.model.target, "target").eval()
+    ids, mask = left_pad(encode_prompts(role_tokenizer(cfg, "target"), prompt_records(cfg)))
+    decode = BlockDecodeConfig(rule="static", max_new_tokens=16)
+    plain = decode_blocks(target, ids, mask, decode)
+    spec = decode_blocks(target, ids, mask, decode, drafter=drafter)
+    assert spec.tokens == plain.tokens and sum(spec.nfe_per_row) <= sum(plain.nfe_per_row)
+
+
+def test_missing_graph_and_bad_settings_are_clear_errors(first, tmp_path):
+    root, _ = first
+    cfg = attach_world(_cfg(root, "spiffy.budget=6"), progress=False)  # settings never calibrated
+    with pytest.raises(CheckpointError, match="run python launch.py stage=spiffy model=micro first"):
+        locate(cfg)
+    cfg.decoder.artifact = str(tmp_path)
+    with pytest.raises(CheckpointError, match="not a Spiffy graph"):
+        locate(cfg)
+    with pytest.raises(ConfigError, match="spiffy.rule"):
+        run_stage(_cfg(root, "spiffy.rule=spot"))
