@@ -1,0 +1,123 @@
+"""stage=spot on the micro world: shards, order_model/ and metrics.json are written; a rerun is cached; a lost shard
+is recollected alone; ``locate`` finds the order model (or says what to run); the drafter built from it decodes the
+micro target exactly. Run: ``python -m pytest tests/pipelines/test_spot.py``."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.alignment.block_traces import read_trace_shards
+from streakline.artifacts import read_manifest
+from streakline.config import compose_config
+from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
+from streakline.decoding.vanilla import left_pad
+from streakline.models import CheckpointError, build
+from streakline.models.order_model import OrderModel
+from streakline.pipelines import run_stage
+from streakline.pipelines.spot import locate, spot_drafter
+
+SETTINGS = [
+    "spot.prompt_sources=[tiny-math-train]",  # tiny-code-train parses the stdlib's training files: seconds per run
+    "spot.prompts=10",
+    "spot.max_new_tokens=16",
+    "spot.num_shards=2",
+    "spot.batch_size=5",
+    "spot.top_k=8",
+    "spot.horizon=4",
+    "spot.d_model=32",
+    "spot.layers=1",
+    "spot.heads=4",
+    "spot.ffn=64",
+    "spot.max_block=8",
+    "spot.steps=40",
+    "spot.train_batch=32",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: a second thread only adds synchronisation
+    yield
+    torch.set_num_threads(before)
+
+
+def _cfg(root, experiment="spot", *extra):
+    return compose_config(
+        ["stage=spot", "model=micro", f"run_root={root}", f"experiment.name={experiment}", *SETTINGS, *extra]
+    )
+
+
+@pytest.fixture(scope="module")
+def first(micro_world):
+    root = micro_world[0]
+    return root, run_stage(_cfg(root))
+
+
+def test_stage_writes_shards_order_model_and_metrics(first, capsys):
+    root, res = first
+    folder = res["folder"]
+    assert not res["cached"]
+    manifest = read_manifest(folder)
+    assert manifest.status == "complete" and set(manifest.outputs) == {"shards", "order_model", "metrics.json"}
+    traces = read_trace_shards(f"{folder}/shards")
+    assert sorted({t.prompt for t in traces}) == list(range(10))  # global prompt numbering across the 2 shards
+    metrics = json.loads(Path(folder, "metrics.json").read_text())
+    assert metrics == res["metrics"] == manifest.metrics
+    assert metrics["collected_shards"] == [0, 1] and metrics["traces"] == len(traces)
+    held = metrics["heldout"]
+    assert 0 <= held["accuracy"] <= 1 and 0 <= held["baseline_accuracy"] <= 1
+    assert set(held["by_depth"]) <= {"0", "1", "2", "3"} and "0" in held["by_depth"]
+    assert metrics["examples"]["train"] > 0 and metrics["examples"]["heldout"] == held["examples"]
+    model = OrderModel.load(res["order_model"])
+    assert model.num_parameters() == metrics["parameters"] and model.config.top_k == 8
+
+
+def test_rerun_is_cached_and_a_lost_shard_is_recollected_alone(first, capsys):
+    root, res = first
+    again = run_stage(_cfg(root))
+    assert again["cached"] and again["folder"] == res["folder"] and again["metrics"] == res["metrics"]
+    assert "already trained" in capsys.readouterr().out
+    # A killed run: one shard and the manifest gone. Only that shard is decoded again, with the same traces.
+    other = _cfg(root, "spot-resume")
+    full = run_stage(other)
+    before = read_trace_shards(f"{full['folder']}/shards")
+    folder = Path(full["folder"])
+    (folder / "manifest.json").unlink()
+    next(iter(sorted((folder / "shards").glob("shard-00001-*.parquet")))).unlink()
+    resumed = run_stage(_cfg(root, "spot-resume"))
+    assert resumed["metrics"]["collected_shards"] == [1] and not resumed["cached"]
+    after = read_trace_shards(folder / "shards")
+    assert len(after) == len(before)
+    for a, b in zip(before, after, strict=True):
+        assert a.prompt == b.prompt and all((x.tokens == y.tokens).all() for x, y in zip(a.steps, b.steps, strict=True))
+    assert resumed["metrics"]["heldout"] == full["metrics"]["heldout"]  # training is deterministic too
+
+
+def test_locate_finds_the_run_or_says_what_to_run(first, tmp_path):
+    root, res = first
+    assert str(locate(_cfg(root))) == res["order_model"]
+    assert locate(_cfg(root, "spot", f"decoder.artifact={res['order_model']}")) == locate(_cfg(root))
+    with pytest.raises(CheckpointError, match=r"python launch.py stage=spot model=micro first"):
+        locate(_cfg(root, "never-ran"))
+    with pytest.raises(CheckpointError, match="python launch.py stage=spot model=micro first"):
+        locate(_cfg(root, "spot", "spot.steps=41"))  # other spot settings: another run
+    with pytest.raises(CheckpointError, match="not an order-model folder"):
+        locate(_cfg(root, "spot", f"decoder.artifact={tmp_path}"))
+
+
+def test_the_trained_drafter_decodes_the_micro_target_exactly(first):
+    root, _ = first
+    cfg = _cfg(root, "spot", "decoder=spot", "decoder.budget=6")
+    drafter = spot_drafter(cfg)
+    target = build(cfg.model.target, "target").eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 11, 8)]
+    ids, mask = left_pad(prompts)
+    for temperature in (0.0, 1.0):
+        dcfg = BlockDecodeConfig(max_new_tokens=20, temperature=temperature, seed=4)
+        plain = decode_blocks(target, ids, mask, dcfg)
+        spot = decode_blocks(target, ids, mask, dcfg, drafter=drafter)
+        assert spot.tokens == plain.tokens and spot.nfe <= plain.nfe
