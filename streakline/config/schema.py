@@ -248,7 +248,7 @@ class SpotConfig:
     """stage=spot: collect draft-free traces of the target and train the order model (ALGORITHMS.md section 8)."""
 
     prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
-    prompts: int = 64  # prompts decoded for traces (split evenly over prompt_sources)
+    prompts: int = 128  # prompts decoded for traces (split evenly over prompt_sources)
     heldout_fraction: float = 0.2  # of the traces (by prompt) kept for next-commit accuracy
     max_new_tokens: int = 64
     rule: str = "static"  # the draft-free decoder whose commit order is learnt
@@ -263,8 +263,8 @@ class SpotConfig:
     heads: int = 8
     ffn: int = 512
     max_block: int = 64  # learned position embedding size: the largest block size the model can serve
-    steps: int = 600
-    train_batch: int = 64  # examples per optimizer step
+    steps: int = 1200
+    train_batch: int = 128  # examples per optimizer step
     lr: float = 1.0e-3
     seed: int = 0
 

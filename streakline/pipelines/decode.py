@@ -137,6 +137,35 @@ def encode(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def source_records(sources, n: int, who: str) -> list[dict[str, str]]:
+    """``n`` benchmark records split evenly over ``sources`` (``name`` or ``name@/file``; the first sources take the
+    remainder), for the stages that decode prompt sets (spot, spiffy)."""
+    from streakline.data import load_benchmark
+    from streakline.data.benchmarks import parse_source
+
+    parsed = [parse_source(s) for s in sources]
+    records = []
+    for i, (name, path) in enumerate(parsed):
+        limit = n // len(parsed) + (1 if i < n % len(parsed) else 0)
+        if limit == 0:
+            continue
+        got = load_benchmark(name, path=path, limit=limit)
+        if len(got) < limit:
+            print(f"{who}: {name} has only {len(got)} prompts of the {limit} asked for")
+        records.extend(got)
+    if len(records) < 2:
+        raise ConfigError(f"{who}.prompt_sources gave {len(records)} prompts; at least 2 are needed")
+    return records
+
+
+def encode_records(tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
+    """Token ids of each record's raw prompt text (``prompt_text``, no chat template): how stage=decode and
+    stage=evaluate encode what they decode, so traces see prompts the way the decodes they serve do."""
+    from streakline.data.benchmarks import prompt_text
+
+    return [encode(tokenizer, prompt_text(r)) for r in records]
+
+
 def bridge_tokenizers(cfg: DictConfig, drafter, verifier_tokenizer):
     """The drafter as is when it shares the verifier's tokenizer, else wrapped to draft through token strings."""
     drafter_tokenizer = role_tokenizer(cfg, "drafter") if verifier_tokenizer is not None else None

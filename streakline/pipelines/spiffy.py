@@ -35,6 +35,7 @@ from streakline.config import ConfigError
 from streakline.models import CheckpointError
 
 from .bootstrap import attach_world
+from .decode import encode_records, source_records
 
 STAGE = "spiffy"
 RULES = ("static", "threshold")
@@ -69,7 +70,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             f"{target.config.attention!r}"
         )
     s = cfg.spiffy
-    prompts = encode_prompts(tokenizer, prompt_records(cfg))
+    prompts = encode_records(tokenizer, source_records(cfg.spiffy.prompt_sources, cfg.spiffy.prompts, "spiffy"))
     decode = BlockDecodeConfig(
         rule=s.rule,
         max_new_tokens=s.max_new_tokens,
@@ -183,37 +184,6 @@ def spiffy_drafter(cfg: DictConfig):
     if cfg.decoder.budget < graph.size:
         graph = graph.prefix(cfg.decoder.budget)
     return SpiffyDrafter(graph, cfg.decoder.prune, target=cfg.model.target.name)
-
-
-def prompt_records(cfg: DictConfig) -> list[dict[str, str]]:
-    """``spiffy.prompts`` records split evenly over ``spiffy.prompt_sources`` (the first sources take the rest)."""
-    from streakline.data import load_benchmark
-    from streakline.data.benchmarks import parse_source
-
-    sources = [parse_source(src) for src in cfg.spiffy.prompt_sources]
-    n = cfg.spiffy.prompts
-    records = []
-    for i, (name, path) in enumerate(sources):
-        limit = n // len(sources) + (1 if i < n % len(sources) else 0)
-        if limit == 0:
-            continue
-        got = load_benchmark(name, path=path, limit=limit)
-        if len(got) < limit:
-            print(f"spiffy: {name} has only {len(got)} prompts of the {limit} asked for")
-        records.extend(got)
-    if not records:
-        raise ConfigError("spiffy.prompt_sources gave no prompts; check the benchmark names")
-    return records
-
-
-def encode_prompts(tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
-    """Token ids of each record's raw prompt text. No chat template: the graph should see prompts the way the
-    decodes it serves do (``stage=decode`` / ``stage=evaluate`` encode ``prompt_text`` as is)."""
-    from streakline.data.benchmarks import prompt_text
-
-    from .decode import encode
-
-    return [encode(tokenizer, prompt_text(r)) for r in records]
 
 
 def format_report(metrics: dict[str, Any], folder: Path) -> str:

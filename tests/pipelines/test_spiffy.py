@@ -15,8 +15,8 @@ from streakline.decoding.vanilla import left_pad
 from streakline.models import CheckpointError, build
 from streakline.pipelines import run_stage
 from streakline.pipelines.bootstrap import attach_world
-from streakline.pipelines.decode import role_tokenizer
-from streakline.pipelines.spiffy import encode_prompts, locate, prompt_records, spiffy_drafter
+from streakline.pipelines.decode import encode_records, role_tokenizer, source_records
+from streakline.pipelines.spiffy import locate, spiffy_drafter
 
 SETTINGS = [
     "spiffy.prompt_sources=[tiny-math-train,tiny-code]",  # tiny-code-train parses the stdlib (seconds): not here
@@ -87,7 +87,8 @@ def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
     drafter = spiffy_drafter(cfg)
     assert drafter.graph.size == 3 and drafter.prune == 2
     target = build(cfg.model.target, "target").eval()
-    ids, mask = left_pad(encode_prompts(role_tokenizer(cfg, "target"), prompt_records(cfg)))
+    records = source_records(cfg.spiffy.prompt_sources, cfg.spiffy.prompts, "spiffy")
+    ids, mask = left_pad(encode_records(role_tokenizer(cfg, "target"), records))
     decode = BlockDecodeConfig(rule="static", max_new_tokens=16)
     plain = decode_blocks(target, ids, mask, decode)
     spec = decode_blocks(target, ids, mask, decode, drafter=drafter)
