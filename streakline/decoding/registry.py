@@ -24,21 +24,21 @@ BLOCK = ("static", "threshold")
 BLOCK_DRAFTED = ("spot", "spiffy")
 
 
-def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str = "cpu"):
+def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str = "cpu", target: str | None = None):
     """The SPOT or Spiffy drafter for ``decode_blocks(..., drafter=...)``. ``artifact``: the order-model folder
     (spot) or graph JSON (spiffy) from their stages; ``settings``: a mapping with ``budget``, ``prune``,
-    ``gamma_floor`` (``DecoderConfig`` fields)."""
+    ``gamma_floor`` (``DecoderConfig`` fields); ``target``: the target's name, checked against a graph's header."""
     if name == "spot":
         from streakline.models.order_model import OrderModel
 
         from .spot import SpotDrafter
 
-        model = OrderModel.load(artifact).to(device).eval()
+        model = OrderModel.load(artifact, device=device).eval()
         return SpotDrafter(model, budget=settings["budget"], gamma_floor=settings["gamma_floor"])
     if name == "spiffy":
         from .spiffy import SpiffyDrafter, SpiffyGraph
 
-        return SpiffyDrafter(SpiffyGraph.load(artifact), prune=settings["prune"])
+        return SpiffyDrafter(SpiffyGraph.load(artifact), prune=settings["prune"], target=target)
     raise ValueError(f"decoder={name} has no block drafter; valid: {', '.join(BLOCK_DRAFTED)}")
 
 

@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         drafter = None
         if name in BLOCK_DRAFTED:
             artifact = importlib.import_module(f"{__package__}.{name}").locate(cfg)
-            drafter = block_drafter(name, artifact, cfg.decoder, device=device)
+            drafter = block_drafter(name, artifact, cfg.decoder, device=device, target=cfg.model.target.name)
         ids, mask = left_pad([prompt])
         res = decode_blocks(
             main,

@@ -201,7 +201,9 @@ class EvalWorker:
             if method["decoder"] in BLOCK_DRAFTED:
                 from streakline.decoding.registry import block_drafter
 
-                drafter = block_drafter(method["decoder"], method["artifact"], pick, device=self.device)
+                drafter = block_drafter(
+                    method["decoder"], method["artifact"], pick, device=self.device, target=self.cfg.model.target.name
+                )
             run = run_block(self.model("target"), prompts, cfg, drafter, batch_size=ev.batch_size)
             settings = {"rule": rule, **({k: pick[k] for k in ("budget", "prune", "gamma_floor")} if drafter else {})}
             return run, settings

@@ -16,7 +16,7 @@ Order of work (top-down):
 6. ``graph.json`` (header: target name and decoding config), ``metrics.json`` and the manifest, written last.
 
 ``locate(cfg)`` is how ``decoder=spiffy`` finds the graph: ``decoder.artifact`` if set, else this experiment's
-complete run for the same target and ``spiffy.*``; ``spiffy_drafter(cfg)`` builds the drafter from it.
+complete run for the same target and ``spiffy.*``; ``decoding.registry.block_drafter`` builds the drafter from it.
 Tests: ``python -m pytest tests/pipelines/test_spiffy.py``.
 """
 
@@ -173,17 +173,6 @@ def locate(cfg: DictConfig) -> Path:
             "overrides), or set decoder.artifact=<a graph.json>"
         )
     return found / GRAPH
-
-
-def spiffy_drafter(cfg: DictConfig):
-    """The ``SpiffyDrafter`` of ``decoder=spiffy``: the located graph cut to its first ``decoder.budget`` nodes (a
-    prefix of a greedily grown graph is the graph calibration gives for that budget), pruned to ``decoder.prune``."""
-    from streakline.decoding.spiffy import SpiffyDrafter, SpiffyGraph
-
-    graph = SpiffyGraph.load(locate(cfg))
-    if cfg.decoder.budget < graph.size:
-        graph = graph.prefix(cfg.decoder.budget)
-    return SpiffyDrafter(graph, cfg.decoder.prune, target=cfg.model.target.name)
 
 
 def format_report(metrics: dict[str, Any], folder: Path) -> str:

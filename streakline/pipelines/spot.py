@@ -17,7 +17,7 @@ Order of work (top-down):
 6. ``order_model/`` (config.json + model.safetensors), ``metrics.json`` and the manifest, written last.
 
 ``locate(cfg)`` is how ``decoder=spot`` finds the order model: ``decoder.artifact`` if set, else this experiment's
-complete run for the same target and ``spot.*``; ``spot_drafter(cfg)`` builds the drafter from it.
+complete run for the same target and ``spot.*``; ``decoding.registry.block_drafter`` builds the drafter from it.
 Tests: ``python -m pytest tests/pipelines/test_spot.py``.
 """
 
@@ -173,15 +173,6 @@ def locate(cfg: DictConfig) -> Path:
             "overrides), or set decoder.artifact=<an order_model folder>"
         )
     return found / "order_model"
-
-
-def spot_drafter(cfg: DictConfig, device: torch.device | str = "cpu"):
-    """The ``SpotDrafter`` of ``decoder=spot``: the located order model, ``decoder.budget`` and ``gamma_floor``."""
-    from streakline.decoding.spot import SpotDrafter
-    from streakline.models.order_model import OrderModel
-
-    model = OrderModel.load(locate(cfg), device=device)
-    return SpotDrafter(model, budget=cfg.decoder.budget, gamma_floor=cfg.decoder.gamma_floor)
 
 
 def stale_token_agreement(traces) -> float:

@@ -10,13 +10,14 @@ import torch
 from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
+from streakline.decoding.registry import block_drafter
 from streakline.decoding.spiffy import SpiffyGraph
 from streakline.decoding.vanilla import left_pad
 from streakline.models import CheckpointError, build
 from streakline.pipelines import run_stage
 from streakline.pipelines.bootstrap import attach_world
 from streakline.pipelines.decode import encode_records, role_tokenizer, source_records
-from streakline.pipelines.spiffy import locate, spiffy_drafter
+from streakline.pipelines.spiffy import locate
 
 SETTINGS = [
     "spiffy.prompt_sources=[tiny-math-train,tiny-code]",  # tiny-code-train parses the stdlib (seconds): not here
@@ -84,7 +85,7 @@ def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
     # The located graph drafts for the micro target and decodes exactly like the draft-free decoder.
     cfg.decoder.artifact = None
     cfg.decoder.budget, cfg.decoder.prune = 3, 2
-    drafter = spiffy_drafter(cfg)
+    drafter = block_drafter("spiffy", locate(cfg), cfg.decoder, target=cfg.model.target.name)
     assert drafter.graph.size == 3 and drafter.prune == 2
     target = build(cfg.model.target, "target").eval()
     records = source_records(cfg.spiffy.prompt_sources, cfg.spiffy.prompts, "spiffy")

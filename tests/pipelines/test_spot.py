@@ -12,11 +12,12 @@ from streakline.alignment.block_traces import read_trace_shards
 from streakline.artifacts import read_manifest
 from streakline.config import compose_config
 from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
+from streakline.decoding.registry import block_drafter
 from streakline.decoding.vanilla import left_pad
 from streakline.models import CheckpointError, build
 from streakline.models.order_model import OrderModel
 from streakline.pipelines import run_stage
-from streakline.pipelines.spot import locate, spot_drafter
+from streakline.pipelines.spot import locate
 
 SETTINGS = [
     "spot.prompt_sources=[tiny-math-train]",  # tiny-code-train parses the stdlib's training files: seconds per run
@@ -111,7 +112,7 @@ def test_locate_finds_the_run_or_says_what_to_run(first, tmp_path):
 def test_the_trained_drafter_decodes_the_micro_target_exactly(first):
     root, _ = first
     cfg = _cfg(root, "spot", "decoder=spot", "decoder.budget=6")
-    drafter = spot_drafter(cfg)
+    drafter = block_drafter("spot", locate(cfg), cfg.decoder, target=cfg.model.target.name)
     target = build(cfg.model.target, "target").eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (5, 11, 8)]
