@@ -27,13 +27,9 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import streakline, deepspeed, transformers, hydra, ray" 2>/dev/null || { echo "setup failed: see pip's output above"; exit 1; }
 	@touch $(STAMP)
 
-demo: setup ## run the tiny world end to end (no downloads)
+demo: setup ## run the tiny world end to end (no downloads): bootstrap -> ... -> evaluate, then the report
 	$(PY) launch.py stage=doctor model=tiny
-	$(PY) launch.py stage=bootstrap model=tiny
-	$(PY) launch.py stage=trajectories model=tiny
-	$(PY) launch.py stage=distill model=tiny method=ce_streak
-	$(PY) launch.py stage=decode model=tiny decoder=diffusion_draft decoder.max_new_tokens=64 \
-		'prompt="Carlos can fold 23 shirts per hour and Finn can fold 22 shirts per hour. Working together, how many hours will it take them to fold 405 shirts?\n"'
+	$(PY) launch.py stage=pipeline model=tiny experiment=tiny_e2e
 
 test: setup ## run the test suite on CPU
 	$(PY) -m pytest $(PYTEST_ARGS)
