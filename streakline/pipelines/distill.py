@@ -76,6 +76,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "method=distillspec (or ar_distill) and method.teacher=online"
         )
     stored_teacher = cfg.method.loss in TEACHER_LOSSES and cfg.method.teacher == "stored"
+    if stored_teacher and "topk_logprobs" not in dataset.column_names:
+        raise ConfigError(
+            f"method={cfg.method.name} reads the verifier's stored top-k log-probs, which these trajectories lack: "
+            "make them with data.topk_logprobs=8 (stage=trajectories and this stage), or use method.teacher=online"
+        )
     drafter = build(cfg.model.drafter, "drafter").train()
     mask_id = drafter.config.mask_token_id
     if mask_id is None:

@@ -116,12 +116,18 @@ def discover(cfg: DictConfig) -> list[dict[str, Any]]:
     if ev.block and cfg.model.get("target") is not None:
         methods += [_method("static", "static"), _method("threshold", "threshold")]
         for name in BLOCK_DRAFTED:
-            try:
-                artifact = _locate(cfg, name)
-            except Exception as e:  # noqa: BLE001 - a missing artifact only drops the row; say why
-                print(f"evaluate: no {name} row ({e})")
-                continue
-            methods.append(_method(name, name, artifact=str(artifact)))
+            # A Spiffy graph is calibrated for one temperature: look for one per evaluated temperature (the order
+            # model serves any). A temperature without an artifact loses only its own row; the reason is printed.
+            artifacts = {}
+            for T in cfg.evaluate.temperatures:
+                local = cfg.copy()
+                local[name].temperature = float(T) if name == "spiffy" else local[name].temperature
+                try:
+                    artifacts[str(float(T))] = str(_locate(local, name))
+                except Exception as e:  # noqa: BLE001 - a missing artifact only drops the row; say why
+                    print(f"evaluate: no {name} row at T={T:g} ({e})")
+            if artifacts:
+                methods.append(_method(name, name, artifact=artifacts))
     return methods
 
 
@@ -162,6 +168,8 @@ class EvalWorker:
         for bench, prompts in self.prompts[family].items():
             temps = [self.cfg.evaluate.grid_temperature] if method["grid"] else list(self.cfg.evaluate.temperatures)
             for temperature in temps:
+                if isinstance(method["artifact"], dict) and str(float(temperature)) not in method["artifact"]:
+                    continue  # no artifact for this temperature (discover said why)
                 run, settings = self._decode(method, family, prompts, float(temperature))
                 row = {
                     "method": method["name"],
@@ -201,8 +209,10 @@ class EvalWorker:
             if method["decoder"] in BLOCK_DRAFTED:
                 from streakline.decoding.registry import block_drafter
 
+                artifact = method["artifact"]
+                artifact = artifact[str(temperature)] if isinstance(artifact, dict) else artifact
                 drafter = block_drafter(
-                    method["decoder"], method["artifact"], pick, device=self.device, target=self.cfg.model.target.name
+                    method["decoder"], artifact, pick, device=self.device, target=self.cfg.model.target.name
                 )
             run = run_block(self.model("target"), prompts, cfg, drafter, batch_size=ev.batch_size)
             settings = {"rule": rule, **({k: pick[k] for k in ("budget", "prune", "gamma_floor")} if drafter else {})}
