@@ -26,8 +26,9 @@ BLOCK_DRAFTED = ("spot", "spiffy")
 
 def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str = "cpu", target: str | None = None):
     """The SPOT or Spiffy drafter for ``decode_blocks(..., drafter=...)``. ``artifact``: the order-model folder
-    (spot) or graph JSON (spiffy) from their stages; ``settings``: a mapping with ``budget``, ``prune``,
-    ``gamma_floor`` (``DecoderConfig`` fields); ``target``: the target's name, checked against a graph's header."""
+    (spot) or graph JSON (spiffy) from their stages; ``settings``: a mapping with ``budget`` (SPOT's tree size; a
+    Spiffy graph is cut to its first ``budget`` nodes, None = all), ``prune``, ``gamma_floor`` (``DecoderConfig``
+    fields); ``target``: the target's name, checked against a graph's header."""
     if name == "spot":
         from streakline.models.order_model import OrderModel
 
@@ -38,7 +39,11 @@ def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str 
     if name == "spiffy":
         from .spiffy import SpiffyDrafter, SpiffyGraph
 
-        return SpiffyDrafter(SpiffyGraph.load(artifact), prune=settings["prune"], target=target)
+        graph = SpiffyGraph.load(artifact)
+        budget = settings.get("budget")
+        if budget is not None and budget < graph.size:  # a greedy graph's first D nodes are the budget-D graph
+            graph = graph.prefix(budget)
+        return SpiffyDrafter(graph, prune=settings["prune"], target=target)
     raise ValueError(f"decoder={name} has no block drafter; valid: {', '.join(BLOCK_DRAFTED)}")
 
 

@@ -209,6 +209,8 @@ class EvalWorker:
             if method["decoder"] in BLOCK_DRAFTED:
                 from streakline.decoding.registry import block_drafter
 
+                if method["decoder"] == "spiffy" and method.get("budget") is None:
+                    pick = {**pick, "budget": None}  # the whole calibrated graph unless the method says otherwise
                 artifact = method["artifact"]
                 artifact = artifact[str(temperature)] if isinstance(artifact, dict) else artifact
                 drafter = block_drafter(

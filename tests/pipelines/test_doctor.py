@@ -25,16 +25,17 @@ def test_doctor_reports_environment_and_three_roles(tiny_report, capsys):
     target = report["roles"]["target"]
     assert (target["preset"], target["family"], target["attention"], target["gamma"]) == (
         "tiny-target",
-        "qwen3",
+        "qwen2",
         "block_causal",
         16,
     )
     for role in report["roles"].values():
         assert role["weights"] == doctor.TINY_SOURCE and role["available"]
         assert role["parity_max_abs"] < doctor.PARITY_TOLERANCE
-    # The tiny world's promised sizes (issue: verifier 6-10M, drafter 1-2M, target 4-6M parameters).
+    # The tiny world's sizes (verifier 6-10M, drafter 1-2M; the target shares the verifier's architecture, since it
+    # starts from the verifier's weights: the 4-6M of the first tiny world gave a target too weak to decode with).
     sizes = {r: info["parameters"] / 1e6 for r, info in report["roles"].items()}
-    assert 6 <= sizes["verifier"] <= 10 and 1 <= sizes["drafter"] <= 2 and 4 <= sizes["target"] <= 6, sizes
+    assert 6 <= sizes["verifier"] <= 10 and 1 <= sizes["drafter"] <= 2 and sizes["target"] == sizes["verifier"], sizes
     assert "roles (model=tiny)" in printed and "tiny-drafter" in printed and "TRITON_INTERPRET" in printed
 
 
