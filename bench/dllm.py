@@ -45,13 +45,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--model", default="tiny", help="world preset (micro: a seconds-long smoke run)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    cfg = compose_config(["stage=decode", "model=tiny"])
+    cfg = compose_config(["stage=decode", f"model={args.model}"])
     attach_world(cfg)
-    for stage in ("spot", "spiffy"):  # cached when already built
-        run_stage(compose_config([f"stage={stage}", "model=tiny"]))
+    run_stage(compose_config(["stage=spot", f"model={args.model}"]))  # cached when already built
     from streakline.pipelines.spiffy import locate as spiffy_graph
     from streakline.pipelines.spot import locate as spot_model
 
@@ -61,17 +61,28 @@ def main() -> None:
     prompts = [
         encode(tok, prompt_text(r)) for b in ("tiny-math", "tiny-code") for r in load_benchmark(b, limit=args.prompts)
     ]
-    spot, graph = spot_model(cfg), spiffy_graph(cfg)
-    methods = {
-        "static": ("static", None),
-        "threshold": ("threshold", None),
-        "spiffy D=10 D*=3": ("static", block_drafter("spiffy", graph, {"prune": 3}, device=device)),
-        "spot D=8": ("static", block_drafter("spot", spot, {"budget": 8, "gamma_floor": None}, device=device)),
-        "spot D=20": ("static", block_drafter("spot", spot, {"budget": 20, "gamma_floor": None}, device=device)),
-        "spot-gamma D=20": ("static", block_drafter("spot", spot, {"budget": 20, "gamma_floor": 0.02}, device=device)),
-    }
+    spot = spot_model(cfg)
+
+    def methods_at(T: float) -> dict:
+        # A Spiffy graph is calibrated for one temperature (stage=spiffy, cached); the order model serves any.
+        over = [f"model={args.model}", f"spiffy.temperature={T}"]
+        run_stage(compose_config(["stage=spiffy", *over]))
+        graph = spiffy_graph(compose_config(["stage=decode", *over]))
+        return {
+            "static": ("static", None),
+            "threshold": ("threshold", None),
+            "spiffy D=10 D*=3": ("static", block_drafter("spiffy", graph, {"prune": 3}, device=device)),
+            "spot D=8": ("static", block_drafter("spot", spot, {"budget": 8, "gamma_floor": None}, device=device)),
+            "spot D=20": ("static", block_drafter("spot", spot, {"budget": 20, "gamma_floor": None}, device=device)),
+            "spot-gamma D=20": (
+                "static",
+                block_drafter("spot", spot, {"budget": 20, "gamma_floor": 0.02}, device=device),
+            ),
+        }
+
     eos = tok.eos_token_id
     for T in args.temperatures:
+        methods = methods_at(T)
         stats = {m: {"nfe": 0, "tokens": 0, "drafts": 0, "forwards": 0, "times": [], "outs": []} for m in methods}
         for _ in range(args.repeats):
             totals = dict.fromkeys(methods, 0.0)
