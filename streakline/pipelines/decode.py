@@ -137,6 +137,26 @@ def encode(tokenizer, text: str) -> list[int]:
     return ids
 
 
+def block_target(cfg: DictConfig, stage: str, device: str):
+    """The target model for a stage that decodes it block by block (spot, spiffy); refuses one without block-causal
+    attention."""
+    target = build(cfg.model.target, "target", device=device).eval()
+    if target.config.attention != "block_causal":
+        raise ConfigError(
+            f"stage={stage} needs a block-diffusion target (block_causal attention); model.target attends "
+            f"{target.config.attention!r}"
+        )
+    return target
+
+
+def target_tokenizer(cfg: DictConfig, stage: str):
+    """The target's tokenizer; a stage that encodes prompts for the target cannot run without one."""
+    tok = role_tokenizer(cfg, "target")
+    if tok is None:
+        raise ConfigError(f"stage={stage} needs the target's tokenizer; set model.target.tokenizer=<folder>")
+    return tok
+
+
 def source_records(sources, n: int, who: str) -> list[dict[str, str]]:
     """``n`` benchmark records split evenly over ``sources`` (``name`` or ``name@/file``; the first sources take the
     remainder), for the stages that decode prompt sets (spot, spiffy)."""

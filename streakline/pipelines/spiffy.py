@@ -32,13 +32,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import StageRun, config_hash, find_complete, write_json_atomic
 from streakline.config import ConfigError
+from streakline.decoding.registry import BLOCK
 from streakline.models import CheckpointError
 
 from .bootstrap import attach_world
-from .decode import encode_records, source_records
+from .decode import block_target, encode_records, source_records, target_tokenizer
 
 STAGE = "spiffy"
-RULES = ("static", "threshold")
 GRAPH = "graph.json"
 # Bump when this stage's code changes what a config produces (prompt encoding, trace pairing), so that an old run
 # with the same settings is not reused.
@@ -49,11 +49,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from streakline.alignment.block_traces import collect_traces
     from streakline.alignment.spiffy import calibrate
     from streakline.decoding.block_diffusion import BlockDecodeConfig
-    from streakline.models import build
 
     attach_world(cfg)
     check(cfg)
-    tokenizer = _tokenizer(cfg)
+    tokenizer = target_tokenizer(cfg, STAGE)
     key = run_key(cfg, tokenizer)
     done = find_complete(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key))
     if done is not None:
@@ -63,12 +62,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return {"folder": str(done), "graph": str(done / GRAPH), "metrics": metrics, "cached": True}
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = build(cfg.model.target, "target", device=device).eval()
-    if target.config.attention != "block_causal":
-        raise ConfigError(
-            f"stage=spiffy needs a block-diffusion target (block_causal attention); model.target attends "
-            f"{target.config.attention!r}"
-        )
+    target = block_target(cfg, STAGE, device)
     s = cfg.spiffy
     prompts = encode_records(tokenizer, source_records(cfg.spiffy.prompt_sources, cfg.spiffy.prompts, "spiffy"))
     decode = BlockDecodeConfig(
@@ -108,8 +102,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def check(cfg: DictConfig) -> None:
     """ConfigError for ``spiffy.*`` values the stage cannot run with."""
     s = cfg.spiffy
-    if s.rule not in RULES:
-        raise ConfigError(f"spiffy.rule={s.rule} is not a draft-free rule; valid: {', '.join(RULES)}")
+    if s.rule not in BLOCK:
+        raise ConfigError(f"spiffy.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
     if not s.prompt_sources:
         raise ConfigError("spiffy.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
     for name in ("prompts", "max_new_tokens", "horizon", "budget", "batch_size"):
@@ -164,7 +158,7 @@ def locate(cfg: DictConfig) -> Path:
             )
         return path
     attach_world(cfg)
-    digest = config_hash(run_key(cfg, _tokenizer(cfg)))
+    digest = config_hash(run_key(cfg, target_tokenizer(cfg, STAGE)))
     found = find_complete(cfg.run_root, cfg.experiment.name, STAGE, digest)
     if found is None:
         raise CheckpointError(
@@ -190,12 +184,3 @@ def format_report(metrics: dict[str, Any], folder: Path) -> str:
             f"  seconds: traces {metrics['collect_seconds']:.1f}, calibration {metrics['calibrate_seconds']:.2f}",
         ]
     )
-
-
-def _tokenizer(cfg: DictConfig):
-    from .decode import role_tokenizer
-
-    tok = role_tokenizer(cfg, "target")
-    if tok is None:
-        raise ConfigError("stage=spiffy needs the target's tokenizer; set model.target.tokenizer=<folder>")
-    return tok

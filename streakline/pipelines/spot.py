@@ -32,24 +32,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import StageRun, config_hash, find_complete, write_json_atomic
 from streakline.config import ConfigError
+from streakline.decoding.registry import BLOCK
 from streakline.models import CheckpointError
 
 from .bootstrap import attach_world
-from .decode import encode_records, source_records
+from .decode import block_target, encode_records, source_records, target_tokenizer
 
 STAGE = "spot"
-RULES = ("static", "threshold")
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     from streakline.alignment.block_traces import read_trace_shards
     from streakline.alignment.spot import SpotTrainConfig, build_examples, split_by_prompt, train_order_model
-    from streakline.models import build
     from streakline.models.order_model import OrderModelConfig
 
     attach_world(cfg)
     check(cfg)
-    tokenizer = _tokenizer(cfg)
+    tokenizer = target_tokenizer(cfg, STAGE)
     key = run_key(cfg, tokenizer)
     digest = config_hash(key)
     done = find_complete(cfg.run_root, cfg.experiment.name, STAGE, digest)
@@ -62,12 +61,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         return {"folder": str(done), "order_model": str(done / "order_model"), "metrics": metrics, "cached": True}
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = build(cfg.model.target, "target", device=device).eval()
-    if target.config.attention != "block_causal":
-        raise ConfigError(
-            f"stage=spot needs a block-diffusion target (block_causal attention); model.target attends "
-            f"{target.config.attention!r}"
-        )
+    target = block_target(cfg, STAGE, device)
     L = target.config.block_size
     if L > cfg.spot.max_block:
         raise ConfigError(f"the target's block size {L} exceeds spot.max_block={cfg.spot.max_block}; raise it")
@@ -121,8 +115,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 def check(cfg: DictConfig) -> None:
     """ConfigError for ``spot.*`` values the stage cannot run with."""
     s = cfg.spot
-    if s.rule not in RULES:
-        raise ConfigError(f"spot.rule={s.rule} is not a draft-free rule; valid: {', '.join(RULES)}")
+    if s.rule not in BLOCK:
+        raise ConfigError(f"spot.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
     if not s.prompt_sources:
         raise ConfigError("spot.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
     if s.prompts < 2:
@@ -164,7 +158,7 @@ def locate(cfg: DictConfig) -> Path:
             )
         return folder
     attach_world(cfg)
-    digest = config_hash(run_key(cfg, _tokenizer(cfg)))
+    digest = config_hash(run_key(cfg, target_tokenizer(cfg, STAGE)))
     found = find_complete(cfg.run_root, cfg.experiment.name, STAGE, digest)
     if found is None:
         raise CheckpointError(
@@ -211,15 +205,6 @@ def format_report(metrics: dict[str, Any], folder: Path) -> str:
             )
         )
     return "\n".join(lines)
-
-
-def _tokenizer(cfg: DictConfig):
-    from .decode import role_tokenizer
-
-    tok = role_tokenizer(cfg, "target")
-    if tok is None:
-        raise ConfigError("stage=spot needs the target's tokenizer; set model.target.tokenizer=<folder>")
-    return tok
 
 
 def _shard_path(folder: Path, i: int, n: int) -> Path:
