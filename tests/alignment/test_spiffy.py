@@ -5,7 +5,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 from streakline.alignment.block_traces import BlockTrace, TraceStep, collect_traces
 from streakline.alignment.spiffy import calibrate, count_states, select_nodes
@@ -16,14 +15,7 @@ MASK = 99
 L, K = 4, 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from a second thread, and on a shared 2-core machine two OpenMP threads contending
-    # with another job made these tests 10-15x slower (55 s vs 3.4 s measured). The session's setting comes back after.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _trace(steps: list[tuple[dict, dict, dict]]) -> BlockTrace:

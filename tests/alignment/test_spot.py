@@ -23,13 +23,7 @@ MASK = 99
 MICRO = OrderModelConfig(top_k=4, d_model=32, layers=1, heads=4, ffn=64, max_block=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tensors are tiny: a second thread only adds synchronisation (and stalls badly on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _trace(order: list[list[int]], probs: np.ndarray, prompt: int = 0, conf: np.ndarray | None = None) -> BlockTrace:

@@ -28,14 +28,7 @@ MAX_NEW = 12
 TAU = {0.0: 0.05, 1.0: 0.015}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from a second thread, and on a shared 2-core machine two OpenMP threads contending
-    # with another job made these tests 10-15x slower (55 s vs 3.4 s measured). The session's setting comes back after.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

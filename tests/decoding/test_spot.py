@@ -19,13 +19,7 @@ MICRO = OrderModelConfig(top_k=4, d_model=32, layers=1, heads=4, ffn=64, max_blo
 PROMPTS = (6, 3, 9, 5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These tensors are tiny: a second thread only adds synchronisation (and stalls badly on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
@@ -30,14 +29,7 @@ SETTINGS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from a second thread, and on a shared 2-core machine two OpenMP threads contending
-    # with another job made these tests 10-15x slower (55 s vs 3.4 s measured). The session's setting comes back after.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cfg(root, *extra):
