@@ -20,6 +20,8 @@ from pathlib import Path
 
 import matplotlib
 
+from streakline.artifacts import atomic_file
+
 matplotlib.use("Agg")  # before pyplot: no display on a cluster node or CI machine
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -27,10 +29,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    with atomic_file(path, "wb") as f:  # a reader never sees half a PNG
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    tmp.replace(path)
     return path
 
 

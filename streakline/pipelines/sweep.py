@@ -18,7 +18,6 @@ recurring Slurm job).
 from __future__ import annotations
 
 import json
-import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from streakline.evaluation.figures import fig7_speedup_vs_steps
 
 from .bootstrap import attach_world
 from .evaluate import _method, distill_runs, evaluate_methods
+from .pipeline import stage_overrides
 
 STAGE = "sweep"
 
@@ -66,10 +66,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     from . import run_stage
 
     attach_world(cfg)
-    base = [o for o in cfg.overrides if o.split("=", 1)[0].lstrip("+~") != "stage"]
     for entry in cfg.sweep.train:
         print(f"sweep: distill {entry}")
-        run_stage(compose_config([*base, "stage=distill", *shlex.split(entry)]))
+        run_stage(compose_config(stage_overrides(cfg, f"distill {entry}")[1]))
     path = history_path(cfg)
     history = read_history(path)
     seen = {(r.get("checkpoint"), r["benchmark"]) for r in history if r.get("checkpoint")}
