@@ -173,9 +173,25 @@ def _jsd(logp, logq, beta):
     return terms, (1 - beta) * q * (logq - logm)
 
 
+# |p - q| has no derivative at p = q. Probabilities that agree to within rounding (a drafter scored against logits
+# computed from its own weights by another kernel, say) are a tie, and a tie's subgradient is taken as zero: without
+# that the gradient would be the sign of rounding noise, summed over the vocabulary.
+TIE_ULPS = 64
+
+
+def _tie_sign(p: Tensor, q: Tensor) -> Tensor:
+    """sign(p - q), and 0 where p and q agree to within ``TIE_ULPS`` units in the last place of the larger."""
+    diff = p - q
+    tol = TIE_ULPS * torch.finfo(diff.dtype).eps * torch.maximum(p, q)
+    return torch.where(diff.abs() <= tol, 0.0, torch.sign(diff))
+
+
 def _tvd(logp, logq, beta):
     p, q = logp.exp(), logq.exp()
-    return 0.5 * (p - q).abs(), 0.5 * q * torch.sign(q - p)
+    s = _tie_sign(p, q).detach()
+    # (p - q) * s is |p - q| away from ties and exactly 0 at them, so autograd (the top-k path) sees the same
+    # zero subgradient at a tie as the explicit derivative below (the full-vocabulary path).
+    return 0.5 * (p - q) * s, -0.5 * q * s
 
 
 DivergenceFn = Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]

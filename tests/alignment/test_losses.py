@@ -312,6 +312,29 @@ def test_divergence_is_zero_when_teacher_equals_drafter(name):
     assert h.grad.abs().max() < 1e-5 and w.grad.abs().max() < 1e-5
 
 
+def test_tvd_subgradient_is_zero_at_ties_and_the_sign_elsewhere():
+    """|p - q| has no derivative at p = q: a tie (equal up to rounding) gets the zero subgradient, a real gap the
+    sign, whatever the dtype."""
+    from streakline.alignment.losses import divergence_terms
+
+    for dtype in (torch.float32, torch.float64):
+        logp = torch.randn(3, V, generator=torch.Generator().manual_seed(1), dtype=dtype).log_softmax(-1)
+        eps = torch.finfo(dtype).eps
+        rounding = logp * (1 + 4 * eps)  # a few units in the last place away: rounding noise, not a gap
+        gap = logp.clone()
+        gap[:, 0] += 1e-3  # one real difference of 0.1%
+        for logq, tied in ((logp.clone(), True), (rounding, True), (gap, False)):
+            logq = logq.clone().requires_grad_(True)
+            divergence_terms("tvd", logp, logq).sum().backward()
+            if tied:
+                assert logq.grad.abs().max() == 0
+            else:
+                q = logq.detach().exp()
+                expected = torch.zeros_like(q)
+                expected[:, 0] = 0.5 * q[:, 0]  # d/dlog q of ½|p - q| with q > p: ½ q
+                torch.testing.assert_close(logq.grad, expected)
+
+
 def test_distillation_without_teacher_says_how_to_get_one():
     hidden, weight, labels, valid, _ = _case()
     for loss in ("distillspec", "ar_distill"):
