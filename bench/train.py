@@ -6,7 +6,7 @@
    backward of the ``streak`` loss on the same batches and the same model: once on its packed path
    (``batch.pack`` + ``hidden`` with the packed mask + gather) and once with ``module.packed = False``, the path a
    ``full``-attention drafter takes (``unpack_windows`` + ``hidden`` with ``prefix_len``, one row per window). The
-   drafter is ``prefix_causal``, so both must give the same loss (ALGORITHMS.md section 6); the largest difference
+   drafter is ``prefix_causal``, so both must give the same loss (docs/algorithms.md section 6); the largest difference
    is printed. Reports label tokens/s (valid labelled slots per second) and packed / per-window.
 2. Label log-prob memory at vocabulary 151,936, hidden 1024, M=512 labelled slots: ``chunked_logprobs`` (chunk
    8192) vs ``naive_logprobs``, forward + backward into both the hidden states and the output matrix. "Peak extra"
@@ -310,8 +310,8 @@ def _micro_overrides(root: Path, steps: int, args) -> list[str]:
 def _rank0_tokens(overrides: list[str], steps: int, world: int) -> list[int]:
     """Labelled tokens of rank 0's micro-batch at each step: batch ``s * world`` of the window stream (trainer.py)."""
     from streakline.data.trajectories import load_trajectories
-    from streakline.pipelines.bootstrap import attach_world
-    from streakline.pipelines.trajectories import trajectories_dir
+    from streakline.pipelines.common.lookup import trajectories_dir
+    from streakline.world import attach_world
 
     cfg = attach_world(compose_config(["stage=distill", *overrides]), progress=False)
     mask_id = build(cfg.model.drafter, "drafter").config.mask_token_id

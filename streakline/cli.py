@@ -59,7 +59,7 @@ def _app(cfg: DictConfig) -> None:
     if cfg.launcher.name == "slurm" and cfg.stage.name in TORCHRUN_STAGES and _run_ranks(cfg):
         return
 
-    # Only the entry point may import pipelines/ (DESIGN.md, Layout).
+    # Only the entry point may import pipelines/ (docs/design.md, Layout).
     from streakline.models import CheckpointError
     from streakline.pipelines import StageNotBuiltError, run_stage
 

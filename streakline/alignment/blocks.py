@@ -1,4 +1,4 @@
-"""Training input for block-diffusion targets (SDAR / BD3-LM style; ALGORITHMS.md section 7).
+"""Training input for block-diffusion targets (SDAR / BD3-LM style; docs/algorithms.md section 7).
 
 Every block of L tokens is noised (some positions replaced by the mask id) and must be denoised while seeing the
 *clean* earlier blocks, as at decode time, where finished blocks sit clean in the KV cache. Rather than one

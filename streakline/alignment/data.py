@@ -1,7 +1,7 @@
 """Training windows cut from verifier trajectories: the batches that stage ``distill`` feeds its losses.
 
 With ``seq = prompt_ids + completion_ids`` and ``P = len(prompt_ids)``, the window at offset ``i`` is the drafter
-input ``[seq[:i], MASK x G]`` with labels ``seq[i:i+G]`` (ALGORITHMS.md section 4); slots past the end of ``seq``
+input ``[seq[:i], MASK x G]`` with labels ``seq[i:i+G]`` (docs/algorithms.md section 4); slots past the end of ``seq``
 are invalid. Offsets run every ``stride`` completion positions from ``P``: ``i = P, P+stride, ... < len(seq)``.
 An *example* is one trajectory with up to ``windows_per_seq`` consecutive offsets of it; a trajectory with more
 offsets gives several examples, so every offset is used exactly once per epoch.

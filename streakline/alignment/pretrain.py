@@ -3,7 +3,7 @@
 Three objectives, one loop:
     causal_lm_loss         the verifier: next-token cross-entropy
     mdm_window_loss        the diffusion drafter: masked-diffusion CE on draft windows after clean prefixes,
-                           many windows packed into one forward (ALGORITHMS.md sections 1, 4 ``mdm``, 6)
+                           many windows packed into one forward (``mdm``; docs/algorithms.md sections 1, 4 and 6)
     block_diffusion_loss   the block-diffusion target: every block noised and denoised from the clean earlier
                            blocks, noisy and clean halves in one forward (section 7)
 

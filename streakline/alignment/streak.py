@@ -1,7 +1,7 @@
 """Simulated accepted streak: how many drafted tokens a verifier would accept, measured without decoding.
 
 For each window of a trajectory ``prompt ∘ completion`` the drafter proposes ``x̂ = argmax q`` for the γ slots in
-one forward, all windows of a trajectory packed together (ALGORITHMS.md section 6). Two scores:
+one forward, all windows of a trajectory packed together (docs/algorithms.md section 6). Two scores:
 
   exact   ``Σ_m Π_{j≤m} [x̂_j = x_j]`` against the completion's own tokens (a verifier's greedy continuation, so this
           is the streak exact-greedy verification would accept at temperature 0);

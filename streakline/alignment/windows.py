@@ -4,7 +4,7 @@ A draft window at offset ``i`` of a token sequence ``x[0..T)`` is the drafter in
 labels are ``x[i:i+W]``. Slots past the end of the sequence have no label: ``valid`` is False there and the label
 is the mask id, so a loss must weight by ``valid`` (never treat those slots as certain).
 
-Two forms, with identical logits on a ``prefix_causal`` drafter (ALGORITHMS.md sections 1, 4, 6):
+Two forms, with identical logits on a ``prefix_causal`` drafter (docs/algorithms.md sections 1, 4, 6):
 
     ids, P = window_input(clean, offset, width, mask_id)          # one window: model(ids[None], prefix_len=P)
     labels, valid = window_labels(clean, offset, width, mask_id)

@@ -1,4 +1,6 @@
-"""Acceptance rules: how the verifier's distributions decide which draft tokens survive (ALGORITHMS.md sections 2-3).
+"""Acceptance rules: how the verifier's distributions decide which draft tokens survive.
+
+docs/algorithms.md sections 2-3 state the rules and why each one is lossless.
 
 Every rule is registered in ``ACCEPTANCE_RULES`` with one signature,
 

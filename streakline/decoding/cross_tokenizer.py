@@ -1,4 +1,4 @@
-"""Drafting across tokenizers: a drafter whose vocabulary differs from the verifier's (ALGORITHMS.md section 1).
+"""Drafting across tokenizers: a drafter whose vocabulary differs from the verifier's (docs/algorithms.md section 1).
 
 Token strings connect the two vocabularies. ``VocabBridge`` maps every drafter id onto the verifier id with the
 same raw token string (same-family tokenizers, byte pieces included) or, failing that, the same decoded text

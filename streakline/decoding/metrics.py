@@ -1,4 +1,4 @@
-"""What every decode run measures (issue 4, ALGORITHMS.md section 3) and how the numbers are defined.
+"""What every decode run measures (issue 4, docs/algorithms.md section 3) and how the numbers are defined.
 
 - ``nfe``: verifier forwards, the prompt prefill included (a batch forward counts once).
 - ``cycles``: verify cycles summed over rows (a row takes part in a cycle until it stops); each emits

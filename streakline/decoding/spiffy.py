@@ -1,4 +1,4 @@
-"""Spiffy (ALGORITHMS.md section 9): a calibrated draft graph that a block-diffusion target verifies, no training.
+"""Spiffy (docs/algorithms.md section 9): a calibrated draft graph that a block-diffusion target verifies, no training.
 
 A *node* is a hypothetical future state of the current block written relative to the stale distribution (the
 target's distributions from the last real forward): a set of ``(i, j)`` pairs, i = rank of a root-masked position by

@@ -1,4 +1,4 @@
-"""SPOT's tree drafter for block-diffusion targets (ALGORITHMS.md section 8): a learned commit order, best-first.
+"""SPOT's tree drafter for block-diffusion targets (docs/algorithms.md section 8): a learned commit order, best-first.
 
     from streakline.decoding.spot import SpotDrafter
     from streakline.models.order_model import OrderModel

@@ -1,4 +1,4 @@
-"""Tree attention for K draft chains: one verifier forward scores every chain (ALGORITHMS.md section 3, step 2).
+"""Tree attention for K draft chains: one verifier forward scores every chain (docs/algorithms.md section 3, step 2).
 
 The forward's new tokens are the pending token (the last committed token, not yet in the cache) followed by the K
 chains of depth G, flattened: ``[t, x^1_1..x^1_G, x^2_1..x^2_G, ...]``. Each node sees the cached prefix, the

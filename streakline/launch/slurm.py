@@ -16,7 +16,7 @@ Inside a Hydra/submitit job, ``node_command`` gives the torchrun that the node's
 stage (None when one process is enough). ``torchrun_argv`` and ``first_host`` are pure (they take the SLURM_*
 values as arguments; tested from a fake environment in tests/launch/test_slurm_commands.py);
 ``SlurmJob.from_env``, ``master_addr`` and ``node_command`` read the real environment. This module imports
-nothing of streakline's upper layers (DESIGN.md, Layout).
+nothing of streakline's upper layers (docs/design.md, Layout).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SPOT's order model: which masked position of a block-diffusion target's block gets committed next.
 
-``q_phi(position | hypothetical state, stale distribution)`` (ALGORITHMS.md section 8). It reads, per block
+``q_phi(position | hypothetical state, stale distribution)`` (docs/algorithms.md section 8). It reads, per block
 position, only the *stale* top-k probabilities of the last real target forward and which positions are committed
 (for real, or along a hypothetical path of drafted commits); never hidden states or token ids, so one checkpoint
 serves any target and tokenizer with the same top-k.

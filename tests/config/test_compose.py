@@ -89,7 +89,7 @@ def _default(defaults, key):
 
 @pytest.mark.parametrize("group", sorted(GROUP_SCHEMAS))
 def test_yaml_only_overrides_schema_defaults(group):
-    """conf/ must not restate a dataclass default (DESIGN.md: the schema owns defaults)."""
+    """conf/ must not restate a dataclass default (docs/design.md, Configuration: the schema owns defaults)."""
     schema = GROUP_SCHEMAS[group]
     # arch (checkpoint) and world (model) default to None; their fields' defaults are their dataclasses'.
     if schema is CheckpointConfig:

@@ -1,4 +1,4 @@
-"""Spiffy calibration (ALGORITHMS.md section 9): draft-free traces in, a ``SpiffyGraph`` of D states out.
+"""Spiffy calibration (docs/algorithms.md section 9): draft-free traces in, a ``SpiffyGraph`` of D states out.
 
     from streakline.alignment.spiffy import calibrate
     graph, stats = calibrate(traces, horizon=8, budget=10, header={"target": "tiny-target", ...})

@@ -1,4 +1,4 @@
-"""Calibrate a Spiffy draft graph from draft-free block traces (ALGORITHMS.md section 9; docs/spiffy.md).
+"""Calibrate a Spiffy draft graph from draft-free block traces (docs/algorithms.md section 9; docs/spiffy.md).
 
 For every trace step t whose result S_{t+1} still has masked positions (t + 1 < n), step t's top-k (computed on S_t)
 is the stale distribution and S_{t+1} the root. Each realised future state S_{t+1+h}, h = 1..H, is written as the set

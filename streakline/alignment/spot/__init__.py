@@ -1,4 +1,4 @@
-"""SPOT (ALGORITHMS.md section 8): training data from draft-free block traces, and order-model training.
+"""SPOT (docs/algorithms.md section 8): training data from draft-free block traces, and order-model training.
 
     from streakline.alignment.spot import build_examples, split_by_prompt, train_order_model, SpotTrainConfig
 

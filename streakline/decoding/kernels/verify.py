@@ -1,5 +1,5 @@
 """Fused verification of K draft chains: acceptance probabilities, self-selection, the acceptance walk and the
-replacement/bonus sample, in one call (ALGORITHMS.md sections 2-3).
+replacement/bonus sample, in one call (docs/algorithms.md sections 2-3).
 
 ``verify_chains`` is the one public function. ``_verify_torch`` beside it is the specification (it materialises the
 fp32 probabilities; clear, slow on big vocabularies); ``_verify_triton`` is the GPU path and must agree with it.

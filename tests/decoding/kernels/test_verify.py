@@ -134,7 +134,7 @@ def test_greedy_residual_follows_p_with_the_draft_zeroed():
 
 def test_self_selection_with_greedy_acceptance_is_lossless():
     # The first emitted token (the draft if slot 0 is accepted, else the replacement) must follow p_1 even though
-    # the chain was chosen by looking at p (ALGORITHMS.md section 2).
+    # the chain was chosen by looking at p (docs/algorithms.md section 2).
     N, K, G, V, T = 6000, 3, 2, 6, 1.0
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(N, K, G + 1, V, generator=g)
