@@ -4,7 +4,7 @@ A block-diffusion target attends block-causally (bidirectional inside a block of
 so a finished block's KV is exact and can be cached. A completion is decoded block by block: the current block
 starts as mask tokens, each target forward over it yields per-position distributions, a *commit rule* replaces
 some masked positions by tokens, and once nothing is masked the next block starts. These decoders are the
-reference that SPOT and Spiffy (ALGORITHMS.md sections 8-9) must reproduce token for token, and the source of
+reference that SPOT and Spiffy (docs/algorithms.md sections 8-9) must reproduce token for token, and the source of
 their training / calibration data (``on_step`` sees every forward's logits).
 
 Prompt alignment: positions start at 0 at the first real prompt token and are never shifted. If the prompt ends
@@ -19,6 +19,8 @@ stored since nothing reads it. So NFE is exactly the number of commit steps, the
 ``decode_blocks_reference`` (no cache, one full forward per step) reports.
 
 Whole blocks are always decoded; the returned tokens are cut to ``max_new_tokens`` and after the first eos.
+Code map: ``decode_blocks`` loops over blocks: ``_open_block``, its first forward (``_plain_step``), ``_next_step``
+until nothing is masked, ``_close_block``; a call's state lives in ``_Run``, the current block's in ``_Block``.
 
     from streakline.decoding.block_diffusion import BlockDecodeConfig, decode_blocks
     res = decode_blocks(model, prompt_ids, attention_mask, BlockDecodeConfig(rule="threshold", max_new_tokens=64))
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -126,7 +128,7 @@ def score_logits(
     """Map a forward's logits ``[B, L, V]`` to (confidence ``[B, L]``, token ``[B, L]``) per position.
 
     Temperature 0: token = argmax (ties to the lowest id), confidence = its probability.
-    Temperature T > 0 (coupled noise, ALGORITHMS.md section 7): token = argmax_v (log p(v)/T + G[a, v]) with
+    Temperature T > 0 (coupled noise, docs/algorithms.md section 7): token = argmax_v (log p(v)/T + G[a, v]) with
     ``gumbel`` ``[B, L, V]`` the table rows of these positions, confidence = softmax(logits / T) at that token.
     Given the noise this is a deterministic function of the logits, which is what lets a speculative decoder
     reproduce the draft-free sampler token for token.
@@ -312,6 +314,60 @@ def _new_block_gumbel(cfg: BlockDecodeConfig, out_positions: torch.Tensor, vocab
     return coupled_gumbel(out_positions, vocab, cfg.seed) if cfg.temperature > 0 else None
 
 
+@dataclass
+class _Stored:
+    """Tokens whose KV a block's first forward stores ahead of the block (``[B, n]`` each): the prompt's complete
+    blocks, left-padded (``valid``: real tokens; None if there are none), then each time the previous block."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor | None
+
+
+@dataclass
+class _Block:
+    """The block all rows are decoding in lock-step. Tensors ``[B, L]`` unless noted."""
+
+    index: int  # 0 = the block that holds the prompt's end
+    tokens: torch.Tensor  # current contents (mask id where masked)
+    masked: torch.Tensor  # bool, positions still to decode (all False for finished rows)
+    positions: torch.Tensor  # absolute position ids
+    out_positions: torch.Tensor  # index into the row's output (negative for prompt tokens in block 0)
+    gumbel: torch.Tensor | None  # [B, L, V] coupled noise of these positions (None at temperature 0)
+
+
+class _Run:
+    """The state of one ``decode_blocks`` call, passed explicitly to the helpers below. Built from the prompts
+    (layout: module docstring), it then changes only in ``cache``, ``pending``, ``before``, ``outputs``,
+    ``finished`` and ``res`` (which doubles as the counters: nfe, nfe_per_row, commits / drafts per forward)."""
+
+    def __init__(self, model: Transformer, prompt_ids, attention_mask, cfg: BlockDecodeConfig, on_step, drafter):
+        self.L, self.mask_id, self.eos, self.rule = _resolve(model, cfg)
+        self.model, self.cfg, self.on_step, self.drafter = model, cfg, on_step, drafter
+        L, (B, P), dev = self.L, prompt_ids.shape, prompt_ids.device
+        valid = torch.ones(B, P, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
+        prompts = [prompt_ids[r][valid[r]] for r in range(B)]
+        self.lens = torch.tensor([len(p) for p in prompts], device=dev)  # output position = position - length
+        self.start = self.lens // L * L  # [B] block 0's position; the prompt's complete blocks before it are prefilled
+        self.head = (self.lens - self.start).tolist()  # per row, prompt tokens in block 0 (unmasked, not output)
+        Q = int(self.start.max())
+        prefix = torch.full((B, Q), self.mask_id, dtype=torch.long, device=dev)
+        prefix_valid = torch.zeros(B, Q, dtype=torch.bool, device=dev)
+        self.head_tokens = torch.full((B, L), self.mask_id, dtype=torch.long, device=dev)  # block 0's initial state
+        for r, p in enumerate(prompts):
+            n = int(self.start[r])
+            prefix[r, Q - n :], prefix_valid[r, Q - n :] = p[:n], True
+            self.head_tokens[r, : self.head[r]] = p[n:]
+        prefix_pos = (prefix_valid.long().cumsum(1) - 1).clamp(min=0)
+        self.pending = _Stored(prefix, prefix_pos, prefix_valid if Q else None)  # the next first forward stores it
+        self.before: torch.Tensor | None = None  # shifted targets: [B, V] logits of the position before the block
+        n_blocks = max((h + cfg.max_new_tokens + L - 1) // L for h in self.head)
+        self.cache = KVCache.for_model(model, B, capacity=Q + L * (n_blocks + 1))
+        self.res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0] * B, commits_per_forward=[])
+        self.outputs: list[list[int]] = [[] for _ in range(B)]  # per row, every token of its completed blocks
+        self.finished = torch.zeros(B, dtype=torch.bool, device=dev)  # eos in a completed block, or max_new reached
+
+
 @torch.no_grad()
 def decode_blocks(
     model: Transformer,
@@ -334,163 +390,163 @@ def decode_blocks(
     equal to the result and apply the rule to its logits, and so on until no state matches. Every state walked
     through was computed exactly, so the output equals the draft-free decoder's at any temperature.
     """
-    L, mask_id, eos, rule = _resolve(model, cfg)
-    B, P = prompt_ids.shape
-    dev = prompt_ids.device
-    V = model.config.vocab_size
-    shifted = model.config.shift
-    before = None  # shifted targets: [B, V] logits of the position just before the current block
-    valid = torch.ones(B, P, dtype=torch.bool, device=dev) if attention_mask is None else attention_mask.bool()
-    prompts = [prompt_ids[r][valid[r]] for r in range(B)]
-    lens = torch.tensor([len(p) for p in prompts], device=dev)
-    full = lens // L * L  # tokens in the prompt's complete blocks: these are prefilled
-    head = (lens - full).tolist()  # prompt tokens inside the first decoded block
-    Q = int(full.max())
-    prefix = torch.full((B, Q), mask_id, dtype=torch.long, device=dev)
-    prefix_valid = torch.zeros(B, Q, dtype=torch.bool, device=dev)
-    tokens = torch.full((B, L), mask_id, dtype=torch.long, device=dev)
-    for r, p in enumerate(prompts):
-        n = int(full[r])
-        prefix[r, Q - n :], prefix_valid[r, Q - n :] = p[:n], True
-        tokens[r, : head[r]] = p[n:]
-    offs = torch.arange(L, device=dev)
-    masked = offs[None, :] >= torch.tensor(head, device=dev)[:, None]
-    start = full.clone()  # absolute position of each row's current block
-    n_blocks = max((h + cfg.max_new_tokens + L - 1) // L for h in head)
-    cache = KVCache.for_model(model, B, capacity=Q + L * (n_blocks + 1))
-
-    outputs: list[list[int]] = [[] for _ in range(B)]
-    finished = torch.zeros(B, dtype=torch.bool, device=dev)
-    res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0] * B, commits_per_forward=[])
-    carry = None  # the previous block's final tokens, whose KV the next forward stores
-    block = 0
-
-    def commit_step(tokens, masked, logits, pos, gumbel):
-        step = _step(block, res.nfe - 1, tokens, masked, pos, pos - lens[:, None], logits, cfg, rule, gumbel)
-        if cfg.log_steps:
-            res.steps_log.append(_record(step))
-        if on_step is not None:
-            on_step(step)
-        return step
-
-    while not bool(finished.all()):
-        masked = masked & ~finished[:, None]
-        pos = start[:, None] + offs
-        gumbel = _new_block_gumbel(cfg, pos - lens[:, None], V)
-        stale: BlockStep | None = None
-        while bool(masked.any()):
-            drafts = None
-            if stale is not None and drafter is not None:
-                drafts = _propose(drafter, stale, tokens, masked, mask_id, cfg, res)
-            res.nfe += 1
-            for r, had in enumerate(masked.any(dim=1).tolist()):
-                res.nfe_per_row[r] += int(had)
-            if drafts is not None:
-                res.drafts_per_forward.append(int(drafts.valid.sum()))
-                all_logits = _verify_forward(model, tokens, drafts, pos, cache)
-                if shifted:
-                    all_logits = _shift(all_logits.flatten(0, 1), before.repeat_interleave(all_logits.shape[1], 0))
-                    all_logits = all_logits.view(B, -1, L, all_logits.shape[-1])
-                stale, tokens, masked, n_commits = _walk(all_logits, tokens, masked, drafts, pos, gumbel, commit_step)
-                res.commits_per_forward.append(n_commits)
-                continue
-            mask_arg = None
-            ids, fpos = tokens, pos
-            if stale is None and block == 0 and Q:
-                ids = torch.cat([prefix, tokens], dim=1)
-                fpos = torch.cat([(prefix_valid.long().cumsum(1) - 1).clamp(min=0), pos], dim=1)
-                mask_arg = torch.cat([prefix_valid, torch.ones_like(masked)], dim=1)
-            elif stale is None and carry is not None:
-                ids = torch.cat([carry, tokens], dim=1)
-                fpos = (start - L)[:, None] + torch.arange(2 * L, device=dev)
-            keep = L + 1 if shifted and ids.shape[1] > L else L
-            logits = model(ids, position_ids=fpos, attention_mask=mask_arg, cache=cache, logits_to_keep=keep)
-            # Keep the prefill / previous block just stored; the current block's KV is provisional.
-            cache.crop(cache.length - L)
-            if shifted:
-                if stale is None:  # the block's first forward also ran the position before the block
-                    # keep == L only when no prompt block was prefilled: then block position 0 holds a prompt token
-                    # for every row, nothing reads its prediction, and position 0's own logits fill the slot.
-                    before = logits[:, 0]
-                    logits = logits[:, keep - L :]
-                logits = _shift(logits, before)
-            res.drafts_per_forward.append(0)
-            stale = commit_step(tokens, masked, logits, pos, gumbel)
-            res.commits_per_forward.append(int(stale.commit.sum()))
-            tokens, masked = stale.committed, masked & ~stale.commit
-        for r in (~finished).nonzero().flatten().tolist():
-            outputs[r].extend(tokens[r, head[r] if block == 0 else 0 :].tolist())
-            if len(outputs[r]) >= cfg.max_new_tokens or (eos is not None and eos in outputs[r]):
-                finished[r] = True
-        carry, block = tokens, block + 1
-        start = start + L
-        tokens = torch.full_like(tokens, mask_id)
-        masked = torch.ones_like(masked)
-    res.tokens = [_finish(o, eos, cfg.max_new_tokens) for o in outputs]
-    return res
+    run = _Run(model, prompt_ids, attention_mask, cfg, on_step, drafter)
+    index = 0
+    while not bool(run.finished.all()):
+        blk = _open_block(run, index)
+        # Plain (drafters read the previous forward's logits; this block has none yet); it stores run.pending too.
+        stale = _plain_step(run, blk, first=True)
+        while bool(blk.masked.any()):
+            stale = _next_step(run, blk, stale)
+        _close_block(run, blk)
+        index += 1
+    run.res.tokens = [_finish(o, run.eos, cfg.max_new_tokens) for o in run.outputs]
+    return run.res
 
 
-def _propose(drafter, stale: BlockStep, root, masked, mask_id, cfg, res) -> Drafts | None:
+def _open_block(run: _Run, index: int) -> _Block:
+    """Block ``index`` before its first forward: all masked (block 0: after the prompt tokens it holds), nothing
+    masked for finished rows."""
+    offs = torch.arange(run.L, device=run.start.device)
+    tokens, head = run.head_tokens, torch.tensor(run.head, device=offs.device)
+    if index > 0:  # only block 0 holds prompt tokens
+        tokens, head = torch.full_like(tokens, run.mask_id), torch.zeros_like(head)
+    masked = offs[None, :] >= head[:, None]
+    positions = (run.start + index * run.L)[:, None] + offs
+    out_positions = positions - run.lens[:, None]
+    gumbel = _new_block_gumbel(run.cfg, out_positions, run.model.config.vocab_size)
+    return _Block(index, tokens, masked & ~run.finished[:, None], positions, out_positions, gumbel)
+
+
+def _close_block(run: _Run, blk: _Block) -> None:
+    """Append the completed block to the outputs of unfinished rows, stop rows that are done, and hand the block to
+    the next block's first forward to store (the last block's KV is never stored: nothing reads it)."""
+    for r in (~run.finished).nonzero().flatten().tolist():
+        out = run.outputs[r]
+        out.extend(blk.tokens[r, run.head[r] if blk.index == 0 else 0 :].tolist())
+        if len(out) >= run.cfg.max_new_tokens or (run.eos is not None and run.eos in out):
+            run.finished[r] = True
+    run.pending = _Stored(blk.tokens, blk.positions, None)
+
+
+def _next_step(run: _Run, blk: _Block, stale: BlockStep) -> BlockStep:
+    """One forward after the block's first: verify the drafter's states and walk them, or (no drafts) a plain step.
+    Returns the new stale step."""
+    drafts = _propose(run, blk, stale) if run.drafter is not None else None
+    if drafts is None:
+        return _plain_step(run, blk, first=False)
+    _count_forward(run, blk, int(drafts.valid.sum()))
+    all_logits = _verify_forward(run.model, blk.tokens, drafts, blk.positions, run.cache)
+    if run.model.config.shift:
+        B, n, L, V = all_logits.shape
+        all_logits = _shift(all_logits.flatten(0, 1), run.before.repeat_interleave(n, 0)).view(B, n, L, V)
+    stale, n_commits = _walk(run, blk, all_logits, drafts)
+    run.res.commits_per_forward.append(n_commits)
+    return stale
+
+
+def _plain_step(run: _Run, blk: _Block, first: bool) -> BlockStep:
+    """One forward over the block's current state and one commit step. The block's ``first`` forward runs
+    ``run.pending`` (prompt prefill or previous block) ahead of the block, so storing it costs no extra forward."""
+    _count_forward(run, blk, 0)
+    ids, pos, attn = blk.tokens, blk.positions, None
+    if first:
+        pre = run.pending
+        ids, pos = torch.cat([pre.ids, blk.tokens], dim=1), torch.cat([pre.positions, blk.positions], dim=1)
+        attn = None if pre.valid is None else torch.cat([pre.valid, torch.ones_like(blk.masked)], dim=1)
+    shifted, L = run.model.config.shift, run.L
+    keep = L + 1 if shifted and ids.shape[1] > L else L
+    logits = run.model(ids, position_ids=pos, attention_mask=attn, cache=run.cache, logits_to_keep=keep)
+    # Keep the prefill / previous block just stored; the current block's KV is provisional.
+    run.cache.crop(run.cache.length - L)
+    if shifted:
+        if first:  # the block's first forward also ran the position before the block
+            # keep == L only when no prompt block was prefilled: then block position 0 holds a prompt token for
+            # every row, nothing reads its prediction, and position 0's own logits fill the slot.
+            run.before = logits[:, 0]
+            logits = logits[:, keep - L :]
+        logits = _shift(logits, run.before)
+    step = _commit(run, blk, logits)
+    run.res.commits_per_forward.append(int(step.commit.sum()))
+    return step
+
+
+def _count_forward(run: _Run, blk: _Block, n_drafts: int) -> None:
+    """Count one target forward before it runs (``res.nfe - 1`` is then its index), with its draft states."""
+    run.res.nfe += 1
+    for r, had in enumerate(blk.masked.any(dim=1).tolist()):
+        run.res.nfe_per_row[r] += int(had)
+    run.res.drafts_per_forward.append(n_drafts)
+
+
+def _commit(run: _Run, blk: _Block, logits: torch.Tensor, alive: torch.Tensor | None = None) -> BlockStep:
+    """Apply the commit rule to ``logits`` ``[B, L, V]`` of the block's current state (only in ``alive`` rows),
+    report the step, and advance the block. Returns the step."""
+    masked = blk.masked if alive is None else blk.masked & alive[:, None]
+    cfg, forward = run.cfg, run.res.nfe - 1
+    step = _step(
+        blk.index, forward, blk.tokens, masked, blk.positions, blk.out_positions, logits, cfg, run.rule, blk.gumbel
+    )
+    if cfg.log_steps:
+        run.res.steps_log.append(_record(step))
+    if run.on_step is not None:
+        run.on_step(step)
+    blk.tokens, blk.masked = step.committed, blk.masked & ~step.commit
+    return step
+
+
+def _propose(run: _Run, blk: _Block, stale: BlockStep) -> Drafts | None:
+    """The drafter's states for the block's current state, given the last forward's (stale) logits; None if none."""
     t = time.perf_counter()
     ctx = DraftContext(
-        root=root,
-        masked=masked,
-        active=masked.any(dim=1),
+        root=blk.tokens,
+        masked=blk.masked,
+        active=blk.masked.any(dim=1),
         stale_logits=stale.logits,
         stale_masked=stale.masked,
-        probs=stale_probs(stale.logits, cfg),
-        scores=token_scores(stale.logits, stale.gumbel, cfg),
+        probs=stale_probs(stale.logits, run.cfg),
+        scores=token_scores(stale.logits, stale.gumbel, run.cfg),
         out_positions=stale.out_positions,
-        mask_id=mask_id,
-        cfg=cfg,
+        mask_id=run.mask_id,
+        cfg=run.cfg,
     )
-    drafts = drafter.propose(ctx)
-    res.seconds_drafting += time.perf_counter() - t
-    if drafts is None or drafts.tokens.shape[1] == 0 or not bool(drafts.valid.any()):
-        return None
-    return drafts
+    drafts = run.drafter.propose(ctx)
+    run.res.seconds_drafting += time.perf_counter() - t
+    usable = drafts is not None and drafts.tokens.shape[1] > 0 and bool(drafts.valid.any())
+    return drafts if usable else None
 
 
-def _walk(all_logits, root, masked, drafts: Drafts, pos, gumbel, commit_step):
-    """Follow the target's own commits through the verified states. Returns (stale step, tokens, masked, commits).
+def _walk(run: _Run, blk: _Block, all_logits: torch.Tensor, drafts: Drafts) -> tuple[BlockStep, int]:
+    """Follow the target's own commits through the verified states, advancing ``blk``. Returns (stale step, commits).
 
     ``all_logits`` ``[B, 1 + D, L, V]``: index 0 is the root. Rows advance in lock-step; a row stops at the first
     state that is not among its drafts (or when its block is complete)."""
-    B = root.shape[0]
-    rows = torch.arange(B, device=root.device)
-    states = torch.cat([root[:, None], drafts.tokens], dim=1)
+    B = blk.tokens.shape[0]
+    rows = torch.arange(B, device=blk.tokens.device)
+    states = torch.cat([blk.tokens[:, None], drafts.tokens], dim=1)
     usable = torch.cat([torch.ones_like(drafts.valid[:, :1]), drafts.valid], dim=1)
-    node = torch.zeros(B, dtype=torch.long, device=root.device)
-    alive = masked.any(dim=1)
-    tokens, n_commits, last = root, 0, None
+    node = torch.zeros(B, dtype=torch.long, device=blk.tokens.device)
+    alive = blk.masked.any(dim=1)
+    n_commits, last = 0, None
     while bool(alive.any()):
-        step = commit_step(tokens, masked & alive[:, None], all_logits[rows, node], pos, gumbel)
+        step = _commit(run, blk, all_logits[rows, node], alive)
         last = step if last is None else _merge_stale(last, step, alive)
         n_commits += int(step.commit.sum())
-        tokens, masked = step.committed, masked & ~step.commit
-        same = (states == tokens[:, None]).all(dim=-1) & usable
-        alive = alive & same.any(dim=1) & masked.any(dim=1)
+        same = (states == blk.tokens[:, None]).all(dim=-1) & usable
+        alive = alive & same.any(dim=1) & blk.masked.any(dim=1)
         node = same.long().argmax(dim=1)
-    return last, tokens, masked, n_commits
+    return last, n_commits
 
 
 def _merge_stale(last: BlockStep, step: BlockStep, alive: torch.Tensor) -> BlockStep:
     """Per row, the latest step the row took part in (its logits are that row's stale distribution)."""
-    a2, a3 = alive[:, None], alive[:, None, None]
-    return BlockStep(
-        step.block,
-        step.forward,
-        torch.where(a2, step.tokens, last.tokens),
-        torch.where(a2, step.masked, last.masked),
-        step.positions,
-        step.out_positions,
-        torch.where(a3, step.logits, last.logits),
-        torch.where(a2, step.confidence, last.confidence),
-        torch.where(a2, step.candidates, last.candidates),
-        step.gumbel,
-        torch.where(a2, step.commit, last.commit),
-        torch.where(a2, step.committed, last.committed),
-    )
+    # Fields that differ per row within a walk; the rest (block, forward, positions, noise) are shared: from `step`.
+    merged = {}
+    for name in ("tokens", "masked", "logits", "confidence", "candidates", "commit", "committed"):
+        new = getattr(step, name)
+        rows = alive.view(-1, *[1] * (new.dim() - 1))
+        merged[name] = torch.where(rows, new, getattr(last, name))
+    return replace(step, **merged)
 
 
 @torch.no_grad()
