@@ -11,7 +11,7 @@ never needs the tail, and it keeps a step at ``L * k`` numbers.
     traces = read_trace_shards(folder)
 
 A step's ``stale`` view at step t is its own top-k; the SPOT order model and the Spiffy calibrator pair step t's
-distribution with the states that follow (ALGORITHMS.md sections 8-9; docs/spot.md and docs/spiffy.md say how).
+distribution with the states that follow (docs/algorithms.md sections 8-9; docs/spot.md and docs/spiffy.md say how).
 Tests: ``python -m pytest tests/alignment/test_block_traces.py``.
 """
 
@@ -38,6 +38,7 @@ from streakline.decoding.block_diffusion import (
     stale_topk,
     token_scores,
 )
+from streakline.decoding.registry import BLOCK
 from streakline.decoding.vanilla import left_pad
 
 META_KEY = b"streakline"
@@ -87,8 +88,8 @@ def collect_traces(
 ) -> list[BlockTrace]:
     """Decode ``prompts`` (token id lists) with the draft-free decoder ``cfg`` and return every block's trace,
     ordered by prompt, then block. Deterministic: at temperature > 0 the coupled noise is keyed by ``cfg.seed``."""
-    if cfg.rule not in ("static", "threshold"):
-        raise ValueError(f"traces come from a draft-free decoder (static or threshold), not {cfg.rule!r}")
+    if cfg.rule not in BLOCK:
+        raise ValueError(f"traces come from a draft-free decoder ({' or '.join(BLOCK)}), not {cfg.rule!r}")
     if top_k < 2:
         raise ValueError(f"top_k must be >= 2 (a second token candidate is part of the drafts), got {top_k}")
     device = next(model.parameters()).device

@@ -20,6 +20,10 @@ from omegaconf import MISSING
 
 SCHEMA_NAME = "streakline_schema"
 
+# Config choices. Where a registry in the code defines the names (FAMILIES: models.config.FAMILIES; LOSSES,
+# DIVERGENCES: alignment.losses; TRAJECTORY_BACKENDS: decoding.backends.BACKENDS; DECODERS:
+# decoding.registry.DECODER_SPECS; ACCEPTANCE_RULES, SELECTIONS: decoding.acceptance), the tuple here repeats
+# them so that this module imports without torch, and tests/test_registries.py keeps each equal to its registry.
 STAGES = (
     "doctor",
     "bootstrap",
@@ -119,7 +123,7 @@ class WorldConfig:
     max_code_files: int | None = None  # None: every standard-library file of the train split
     seed: int = 0
     window: int = 16  # drafter masked-diffusion windows: slots per window
-    windows_per_seq: int = 8  # windows packed into one drafter forward (ALGORITHMS.md section 6)
+    windows_per_seq: int = 8  # windows packed into one drafter forward (docs/algorithms.md section 6)
     # Next-token loss on the drafter's clean stream beside the masked-diffusion loss: real diffusion drafters start
     # from an AR model (Dream, DiffuCoder); this gives the tiny one the same head start in the same forward.
     drafter_ar_weight: float = 1.0
@@ -152,7 +156,7 @@ class StageConfig:
 
 @dataclass
 class MethodConfig:
-    """The distillation loss and its knobs (ALGORITHMS.md section 4)."""
+    """The distillation loss and its knobs (docs/algorithms.md section 4)."""
 
     name: str = MISSING
     loss: str = MISSING  # LOSSES
@@ -219,7 +223,7 @@ class TrainerConfig:
 
 @dataclass
 class DecoderConfig:
-    """The speculative decoder's settings (ALGORITHMS.md sections 2, 3, 7-9)."""
+    """The speculative decoder's settings (docs/algorithms.md sections 2, 3, 7-9)."""
 
     name: str = MISSING  # DECODERS
     K: int = 1  # drafts per cycle (self-selection when > 1)
@@ -234,7 +238,7 @@ class DecoderConfig:
     batch_size: int = 1
     threshold: float = 0.9  # confidence for threshold decoding
     budget: int = 8  # D: draft states verified per forward (SPOT tree size; Spiffy graph size)
-    # block-diffusion speculative decoding (SPOT / Spiffy, ALGORITHMS.md sections 8-9)
+    # block-diffusion speculative decoding (SPOT / Spiffy, docs/algorithms.md sections 8-9)
     rule: str = "static"  # the draft-free commit rule SPOT / Spiffy reproduce: static | threshold
     seed: int = 0  # coupled-noise key at temperature > 0 (block-diffusion decoders)
     prune: int = 3  # Spiffy's D*: graph states kept per forward after geometric-mean pruning
@@ -245,7 +249,7 @@ class DecoderConfig:
 
 @dataclass
 class SpotConfig:
-    """stage=spot: collect draft-free traces of the target and train the order model (ALGORITHMS.md section 8)."""
+    """stage=spot: collect draft-free traces of the target and train the order model (docs/algorithms.md section 8)."""
 
     prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
     prompts: int = 128  # prompts decoded for traces (split evenly over prompt_sources)
@@ -310,7 +314,7 @@ class EvaluateConfig:
 
 @dataclass
 class SpiffyConfig:
-    """stage=spiffy: calibrate the draft graph from draft-free traces (ALGORITHMS.md section 9)."""
+    """stage=spiffy: calibrate the draft graph from draft-free traces (docs/algorithms.md section 9)."""
 
     prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
     prompts: int = 50  # the paper's 25 MATH500 + 25 MBPP

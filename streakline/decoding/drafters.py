@@ -1,6 +1,7 @@
-"""Drafters: what proposes the draft tokens a speculative decoder verifies (ALGORITHMS.md sections 1 and 3).
+"""Drafters: what proposes the draft tokens a speculative decoder verifies (docs/algorithms.md sections 1 and 3).
 
-Two kinds, registered in ``DRAFTERS``:
+Two kinds, registered in ``DRAFTERS`` (the one registry of drafter kinds; ``registry.DECODER_SPECS`` names one for
+each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``):
 
 - ``ar``: a small causal LM proposes gamma tokens one forward at a time (SpS / Leviathan), one chain (K = 1).
   Any causal checkpoint works; a ``prefix_causal`` diffusion drafter is run in ``causal`` mode, which is the causal
@@ -24,7 +25,7 @@ drafts plus the replacement/bonus token), right-aligned, ``new_valid`` marks the
 Sampling: ``q_j = softmax(top_k(z_j) / tau_d)``; ``tau_d = 0`` makes q one-hot at the argmax. Unless the acceptance
 rule needs i.i.d. drafts (``iid=True``: leviathan, multi-draft leviathan), chain 0 is the argmax draft and chains
 1..K-1 are samples, so K > 1 never proposes worse than the argmax draft alone (greedy-acceptance is lossless for any
-proposal, ALGORITHMS.md section 2).
+proposal, docs/algorithms.md section 2).
 
 Tests: ``python -m pytest tests/decoding/test_drafters.py``.
 """
@@ -203,4 +204,5 @@ class DiffusionDrafter:
         return Proposal(tokens=tokens, q=q, forwards=1)
 
 
+# drafter kind -> class; registry.SPECULATIVE maps each speculative decoder to one of these (vanilla: none)
 DRAFTERS = {"ar": ARDrafter, "diffusion": DiffusionDrafter}

@@ -1,7 +1,10 @@
-"""The decoders by name, and how a ``decoder`` config turns into a ready decode call.
+"""The decoders by name, and how a ``decoder`` config turns into a ready decode call: the one builder of each
+runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_decode_config`` for
+``BlockDecodeConfig``), used by every stage and evaluation.
 
     spec, drafter = speculative_setup(cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, seed=0)
     result = generate(verifier, prompts, spec, drafter=drafter)
+    decode = block_decode_config(cfg.spot, eos_token_id=tok.eos_token_id)     # rule, temperature, ... from spot.*
 
 | name | what runs | needs |
 |---|---|---|
@@ -10,18 +13,89 @@
 | ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
 | ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
 | ``spot`` / ``spiffy`` | a drafted tree / graph of block states, verified in one batched forward | target + artifact |
+
+``DECODER_SPECS`` is the one table of decoders; everything else here is derived from it:
+
+- ``SPECULATIVE``: the ``speculative`` family (``speculative.generate``), name -> drafter class (``None``: vanilla),
+  the class looked up by the spec's ``drafter`` kind in ``drafters.DRAFTERS``;
+- ``BLOCK``: the draft-free block decoders, which are also ``block_diffusion.COMMIT_RULES``;
+  ``BLOCK_DRAFTED``: the block decoders that take a drafter (``block_drafter``);
+- ``REFERENCE``: family -> the decoder its speedups are measured against (the family's first reference decoder);
+  ``REFERENCE_DECODERS``: every draft-free decoder, each its own reference;
+- ``decoder_family(name)``: ``"speculative"`` or ``"block"``.
+
+``config/schema.py:DECODERS`` repeats the names so that the schema imports without torch; ``tests/test_registries.py``
+keeps the two equal (and this table's rows equal to ``DECODER_SPECS``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from .drafters import ARDrafter, DiffusionDrafter
+from .block_diffusion import BlockDecodeConfig
+from .drafters import DRAFTERS, ARDrafter, DiffusionDrafter
 from .speculative import SpecConfig
 
-SPECULATIVE = {"vanilla": None, "ar_draft": ARDrafter, "diffusion_draft": DiffusionDrafter}
-BLOCK = ("static", "threshold")
-BLOCK_DRAFTED = ("spot", "spiffy")
+DECODER_FAMILIES = ("speculative", "block")
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """One decoder: which loop runs it and what it needs."""
+
+    name: str
+    family: str  # DECODER_FAMILIES: "speculative" (speculative.generate) or "block" (block_diffusion.decode_blocks)
+    drafted: bool  # a drafter proposes what the model verifies (a drafter model, or a spot / spiffy artifact)
+    reference: bool  # draft-free: the baseline its family's drafted decoders are measured against
+    needs: str  # what it runs on, as in the module docstring's table
+    drafter: str | None = None  # speculative drafted decoders: the drafter kind, a key of drafters.DRAFTERS
+
+    def __post_init__(self) -> None:
+        if self.family not in DECODER_FAMILIES:
+            raise ValueError(f"decoder {self.name}: family {self.family!r} is not one of {DECODER_FAMILIES}")
+        if self.reference and self.drafted:
+            raise ValueError(f"decoder {self.name}: a reference decoder is draft-free")
+        # exactly the speculative drafted decoders name a drafter kind
+        if (self.drafter is not None) != (self.drafted and self.family == "speculative"):
+            raise ValueError(f"decoder {self.name}: drafter={self.drafter!r} does not fit family={self.family}")
+        if self.drafter is not None and self.drafter not in DRAFTERS:
+            raise ValueError(f"decoder {self.name}: unknown drafter kind {self.drafter!r}; valid: {list(DRAFTERS)}")
+
+
+DECODER_SPECS: dict[str, DecoderSpec] = {
+    s.name: s
+    for s in (
+        DecoderSpec("vanilla", "speculative", drafted=False, reference=True, needs="verifier"),
+        DecoderSpec("ar_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="ar"),
+        DecoderSpec("diffusion_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="diffusion"),  # noqa: E501
+        DecoderSpec("static", "block", drafted=False, reference=True, needs="target"),
+        DecoderSpec("threshold", "block", drafted=False, reference=True, needs="target"),
+        DecoderSpec("spot", "block", drafted=True, reference=False, needs="target + artifact"),
+        DecoderSpec("spiffy", "block", drafted=True, reference=False, needs="target + artifact"),
+    )
+}  # fmt: skip
+
+SPECULATIVE: dict[str, type[ARDrafter] | type[DiffusionDrafter] | None] = {
+    s.name: DRAFTERS[s.drafter] if s.drafter is not None else None
+    for s in DECODER_SPECS.values()
+    if s.family == "speculative"
+}
+BLOCK = tuple(s.name for s in DECODER_SPECS.values() if s.family == "block" and not s.drafted)
+BLOCK_DRAFTED = tuple(s.name for s in DECODER_SPECS.values() if s.family == "block" and s.drafted)
+REFERENCE_DECODERS = tuple(s.name for s in DECODER_SPECS.values() if s.reference)
+# family -> its reference decoder: the first reference decoder of the family (vanilla, static)
+REFERENCE: dict[str, str] = {
+    family: next(s.name for s in DECODER_SPECS.values() if s.family == family and s.reference)
+    for family in DECODER_FAMILIES
+}
+
+
+def decoder_family(name: str) -> str:
+    """``"speculative"`` or ``"block"``: which decode loop runs decoder ``name``."""
+    if name not in DECODER_SPECS:
+        raise ValueError(f"unknown decoder {name!r}; valid: {', '.join(DECODER_SPECS)}")
+    return DECODER_SPECS[name].family
 
 
 def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str = "cpu", target: str | None = None):
@@ -80,3 +154,19 @@ def speculative_setup(
         seed=seed,
     )
     return spec, drafter
+
+
+BLOCK_SETTINGS = ("rule", "threshold", "max_new_tokens", "temperature", "seed")
+
+
+def block_decode_config(settings: Any, *, eos_token_id: int | None, **overrides: Any) -> BlockDecodeConfig:
+    """``BlockDecodeConfig`` from a settings node (``decoder``, ``spot``, ``spiffy``: whichever of rule, threshold,
+    max_new_tokens, temperature, seed it has), ``overrides`` winning; fields neither gives keep their defaults."""
+    unknown = set(overrides) - set(BLOCK_SETTINGS)
+    if unknown:
+        raise TypeError(f"block_decode_config got unknown fields {sorted(unknown)}; valid: {', '.join(BLOCK_SETTINGS)}")
+    values = {k: settings[k] for k in BLOCK_SETTINGS if k in settings}
+    values |= {k: v for k, v in overrides.items() if v is not None}
+    if "temperature" in values:
+        values["temperature"] = float(values["temperature"])
+    return BlockDecodeConfig(eos_token_id=eos_token_id, **values)

@@ -7,7 +7,8 @@ Record fields (``RECORD_FIELDS`` is the schema; tests check every record has the
   targets), ``drafter`` (checkpoint folder or None), ``steps`` (distillation steps of that drafter, or None),
   ``benchmark``, ``temperature``, ``settings`` (K, gamma, drafter temperature, rule, budget, prune, ...);
 - ``prompts``, ``new_tokens``, ``tokens_per_s``, ``speedup`` (tokens/s over the reference's on the same benchmark
-  and temperature, measured in the same process: vanilla for ``speculative``, static for ``block``),
+  and temperature, measured in the same process: vanilla for ``speculative``, static for ``block``; the
+  ``REFERENCE`` map, which ``streakline.decoding.registry`` defines and this module re-exports),
   ``tokens_per_verifier_call``, ``accepted_per_cycle`` (mean accepted streak), ``alpha`` (per-position acceptance),
   ``nfe``, ``nfe_per_token``, ``forward_reduction`` (the reference's NFE per token over this one's);
 - ``lossless`` and ``lossless_check`` (see ``lossless.py``), ``wall_s``.
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from streakline.artifacts import package_versions, write_json_atomic, write_text_atomic
+from streakline.decoding.registry import REFERENCE
 
 SCHEMA_VERSION = 1
 RECORD_FIELDS = (
@@ -50,7 +52,6 @@ RECORD_FIELDS = (
     "lossless_check",
     "wall_s",
 )
-REFERENCE = {"speculative": "vanilla", "block": "static"}
 
 
 def hardware() -> dict[str, Any]:

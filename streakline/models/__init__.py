@@ -14,7 +14,7 @@ from .checkpoint import (
     transformers_max_diff,
     weight_names,
 )
-from .config import ATTENTION_MODES, FAMILIES, TransformerConfig
+from .config import ATTENTION_MODES, FAMILIES, FamilySpec, TransformerConfig
 from .kv_cache import KVCache
 from .transformer import Transformer
 
@@ -22,6 +22,7 @@ __all__ = [
     "ATTENTION_MODES",
     "FAMILIES",
     "CheckpointError",
+    "FamilySpec",
     "KVCache",
     "Transformer",
     "TransformerConfig",

@@ -11,6 +11,7 @@ the original authors, for the families:
     dream   Dream              Qwen2       full                 yes    (Dream-7B, DiffuCoder-7B)
     sdar    sdar               Qwen3       block_causal         no     (SDAR-*-b32)
 
+(``FAMILIES``/``FamilySpec`` in ``config.py``; ``llada`` is a known family whose weight layout cannot be read yet)
 and writes the same layout back. ``trust_remote_code`` is never needed: Dream and SDAR are read from their weights
 and ``config.json`` only. ``save_pretrained(..., as_family="qwen2")`` writes a Dream model as a plain
 ``Qwen2ForCausalLM`` folder so ``transformers`` can load its weights (the caller supplies the attention mask).
@@ -27,12 +28,11 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import TransformerConfig
+from .config import FAMILIES, FamilySpec, TransformerConfig
 from .transformer import Transformer
 
 
@@ -40,23 +40,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder that cannot be read or written as asked; the message says how to fix it."""
 
 
-@dataclass(frozen=True)
-class FamilySpec:
-    model_type: str
-    architecture: str
-    weights: str  # which weight-name table: "llama", "qwen2" or "qwen3"
-    attention: str
-    shift: bool
-
-
-FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec("llama", "LlamaForCausalLM", "llama", "causal", False),
-    "qwen2": FamilySpec("qwen2", "Qwen2ForCausalLM", "qwen2", "causal", False),
-    "qwen3": FamilySpec("qwen3", "Qwen3ForCausalLM", "qwen3", "causal", False),
-    "dream": FamilySpec("Dream", "DreamModel", "qwen2", "full", True),
-    "sdar": FamilySpec("sdar", "SDARForCausalLM", "qwen3", "block_causal", False),
-}
+# FAMILIES (family name -> FamilySpec) is defined in config.py and re-exported here; its specs say how to read
+# and write each family's folder. A family without a weight table (llada) is known but cannot be read yet.
 _MODEL_TYPES = {spec.model_type.lower(): name for name, spec in FAMILIES.items()}
+_READABLE_MODEL_TYPES = sorted(t for t, name in _MODEL_TYPES.items() if FAMILIES[name].weights is not None)
 
 # Our parameter name -> Hugging Face name, per layer. Which optional rows apply depends on the weight table.
 _LAYER_NAMES = {
@@ -126,12 +113,12 @@ def read_config(folder: str | os.PathLike, family: str | None = None) -> Transfo
         raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is damaged, copy it again") from e
     if family is None or family == "auto":
         model_type = str(raw.get("model_type", "")).lower()
-        if model_type not in _MODEL_TYPES and model_type != "llada":
+        if model_type not in _MODEL_TYPES:
             raise CheckpointError(
                 f"{path}: model_type {raw.get('model_type')!r} is not a supported family "
-                f"({', '.join(sorted(_MODEL_TYPES))}); set model.<role>.family if it is one of them under another name"
+                f"({', '.join(_READABLE_MODEL_TYPES)}); set model.<role>.family if it is one of them under another name"
             )
-        family = _MODEL_TYPES.get(model_type, "llada")
+        family = _MODEL_TYPES[model_type]
     spec = _spec(family)
     ours = raw.get("streakline", {})
     rope = raw.get("rope_scaling") or {}
@@ -357,8 +344,9 @@ def _swap_into_place(tmp: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-# The plain AR class whose weights a diffusion family shares: what `transformers` can load without remote code.
-BASE_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "dream": "qwen2", "sdar": "qwen3"}
+# The plain AR class whose weights a diffusion family shares: what `transformers` can load without remote code
+# (each weight-name table is named after the AR family that defines it: dream -> qwen2, sdar -> qwen3).
+BASE_FAMILY = {name: spec.weights for name, spec in FAMILIES.items() if spec.weights is not None}
 
 
 @torch.no_grad()

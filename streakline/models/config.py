@@ -18,7 +18,31 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 ATTENTION_MODES = ("causal", "full", "prefix_causal", "block_causal")
-FAMILIES = ("llama", "qwen2", "qwen3", "dream", "sdar", "llada")
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What a model family's Hugging Face checkpoint looks like; ``checkpoint.py`` reads and writes folders by it."""
+
+    model_type: str  # config.json "model_type"
+    architecture: str  # config.json "architectures"
+    weights: str | None  # which weight-name table: "llama", "qwen2" or "qwen3"; None: reading it is not implemented
+    attention: str  # the attention mode its checkpoints are trained with, unless the folder or preset says otherwise
+    shift: bool  # logit i-1 predicts token i (AR-initialised diffusion models)
+
+
+# The one registry of model families: TransformerConfig.family, checkpoint presets' ``family`` and checkpoint.py all
+# use these names. It lives here, not in checkpoint.py, because checkpoint.py imports this module (and this one must
+# stay free of torch). config/schema.py:FAMILIES repeats the names; tests/test_registries.py keeps them equal.
+FAMILIES: dict[str, FamilySpec] = {
+    "llama": FamilySpec("llama", "LlamaForCausalLM", "llama", "causal", False),
+    "qwen2": FamilySpec("qwen2", "Qwen2ForCausalLM", "qwen2", "causal", False),
+    "qwen3": FamilySpec("qwen3", "Qwen3ForCausalLM", "qwen3", "causal", False),
+    "dream": FamilySpec("Dream", "DreamModel", "qwen2", "full", True),
+    "sdar": FamilySpec("sdar", "SDARForCausalLM", "qwen3", "block_causal", False),
+    # presets may name it (conf/checkpoint/llada-8b.yaml); its model.transformer.blocks.* layout has no table yet
+    "llada": FamilySpec("llada", "LLaDAModelLM", None, "full", False),
+}
 
 
 @dataclass
