@@ -54,7 +54,7 @@ from streakline.decoding.drafters import ARDrafter, DiffusionDrafter
 from streakline.decoding.speculative import SpecConfig, generate
 from streakline.models import build
 from streakline.models.tokenizer import load_tokenizer
-from streakline.pipelines.bootstrap import attach_world
+from streakline.world import attach_world
 
 BENCHMARKS = ("tiny-math", "tiny-code")
 GAMMA = 8

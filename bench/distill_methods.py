@@ -33,7 +33,7 @@ from streakline.decoding.vanilla import greedy_generate
 from streakline.models import build, load_pretrained
 from streakline.models.tokenizer import load_tokenizer
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world
+from streakline.world import attach_world
 
 METHODS = [
     ("streak", []),
@@ -86,7 +86,7 @@ def main() -> None:
     drafters = {"base": cfg.model.drafter.path}
     for method, extra in METHODS:
         result = run_stage(compose_config(["stage=distill", *base, f"method={method}", *extra]))
-        drafters[method] = result["drafter"]
+        drafters[method] = str(result.artifact)
 
     rows = {}
     for label, folder in drafters.items():

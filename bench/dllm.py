@@ -34,8 +34,9 @@ from streakline.decoding.registry import block_drafter
 from streakline.decoding.vanilla import left_pad
 from streakline.models import KVCache, build
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world
-from streakline.pipelines.decode import encode, role_tokenizer
+from streakline.pipelines.common.prompts import encode
+from streakline.pipelines.common.roles import role_tokenizer
+from streakline.world import attach_world
 
 
 def main() -> None:
@@ -52,8 +53,8 @@ def main() -> None:
     cfg = compose_config(["stage=decode", f"model={args.model}"])
     attach_world(cfg)
     run_stage(compose_config(["stage=spot", f"model={args.model}"]))  # cached when already built
-    from streakline.pipelines.spiffy import locate as spiffy_graph
-    from streakline.pipelines.spot import locate as spot_model
+    from streakline.pipelines.common.lookup import locate_graph as spiffy_graph
+    from streakline.pipelines.common.lookup import locate_order_model as spot_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     target = build(cfg.model.target, "target", device=device).eval()

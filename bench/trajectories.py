@@ -162,7 +162,7 @@ def measure(args, name: str, launcher: list[str], batch: int, experiments: list[
     events = [json.loads(line) for line in log.read_text().splitlines()]
     inits = [e for e in events if e["event"] == "init"]
     shards = [e for e in events if e["event"] == "shard"]
-    m = result["metrics"]
+    m = result.metrics
     first, last = min(e["start"] for e in shards), max(e["end"] for e in shards)
     # Local runs have no fan-out call: their window opens when the worker starts building the verifier.
     call = marks.get("call", min(e["start"] for e in inits))

@@ -1,4 +1,4 @@
-"""Distillation losses for diffusion drafters (ALGORITHMS.md section 4) and the chunked log-probs they share.
+"""Distillation losses for diffusion drafters (docs/algorithms.md section 4) and the chunked log-probs they share.
 
 Every loss is a registered component with one signature, ``(LossInput, LossSettings) -> LossOutput``:
 

@@ -1,4 +1,4 @@
-"""The one seam for distributed training: a strategy object around DeepSpeed (DESIGN.md convention 8).
+"""The one seam for distributed training: a strategy object around DeepSpeed (docs/design.md, convention 8).
 
 Everything the trainer needs from the distributed world goes through ``DeepSpeedStrategy``:
 
@@ -109,6 +109,12 @@ class DeepSpeedStrategy:
             for owner, param in module.external_parameters():
                 deepspeed.zero.register_external_parameter(owner, param)
         return engine
+
+    @property
+    def live_weights_are_whole(self) -> bool:
+        """False under ZeRO-3, where each rank holds only a shard of every parameter: evaluate exported (gathered)
+        checkpoints then, not the live module."""
+        return self.cfg.zero_stage != 3
 
     def step(self, engine, loss: torch.Tensor) -> None:
         engine.backward(loss)

@@ -2,8 +2,8 @@
 
 Tokenizers are always ``transformers.AutoTokenizer`` objects read from a folder (``trust_remote_code`` is never
 enabled). Diffusion drafters need a mask token; ``mask_token_id`` finds it by its string and fails with a message
-naming the fix, and ``add_mask_token`` adds one (embedding initialised to the mean embedding, ALGORITHMS.md
-section 1) when the config asks for it.
+naming the fix, and ``add_mask_token`` adds one (embedding initialised to the mean embedding,
+docs/algorithms.md section 1) when the config asks for it.
 
     tok = load_tokenizer("/ckpt/diffucoder")
     mask = mask_token_id(tok, "<|mask|>", role="drafter")
@@ -89,3 +89,10 @@ def _grow_vocab(model: Transformer, size: int) -> None:
         head.weight[:old] = model.lm_head.weight
         model.lm_head = head.to(model.lm_head.weight.device)
     model.config.vocab_size = size
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """True when ``folder`` holds a tokenizer ``transformers`` can load (``tokenizer.json`` or its config)."""
+    from pathlib import Path
+
+    return any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))

@@ -16,6 +16,8 @@ from omegaconf import DictConfig
 
 from streakline.config.schema import ROLES
 
+from .runner import Stage, StageResult
+
 # Distribution names, as pip knows them, under the label the report shows.
 PACKAGES = {
     "torch": "torch",
@@ -29,11 +31,17 @@ TINY_SOURCE = "tiny: built by stage=bootstrap"
 PARITY_TOLERANCE = 1e-4  # fp32 logits; the parity tests use the same bound
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """Print the report and return it as ``{"environment": {...}, "roles": {role: {...}}}``."""
-    report = {"environment": environment(), "roles": check_roles(cfg)}
-    print(format_report(report, model=cfg.model.name))
-    return report
+class Doctor(Stage):
+    name = "doctor"
+    needs_world = False  # it reports where weights would come from; it builds nothing
+
+    def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
+        """``metrics``: ``{"environment": {...}, "roles": {role: {...}}}``."""
+        report = {"environment": environment(), "roles": check_roles(cfg)}
+        return StageResult(self.name, metrics=report, details={"model": cfg.model.name})
+
+    def report(self, result: StageResult) -> None:
+        print(format_report(result.metrics, model=result.details["model"]))
 
 
 def environment() -> dict[str, Any]:
@@ -150,3 +158,6 @@ def format_report(report: dict[str, Any], model: str) -> str:
         if "problem" in info:
             lines.append(f"  {'':<9} problem: {info['problem']}")
     return "\n".join(lines)
+
+
+STAGE = Doctor()

@@ -5,62 +5,62 @@
 
 ``experiment.stages`` entries are a stage name plus overrides for that stage only, e.g.
 ``"distill method=ar_distill"``. Each stage is composed from the command line's overrides, then its own, exactly
-as ``python launch.py stage=<name> <overrides>`` would be, and run in this process. A stage whose result is
-already on disk (same config hash) returns it in seconds, so a rerun after a failure resumes at the failed stage
-and a warm rerun is a cache check. The summary at the end lists each stage's time and output.
+as ``python launch.py stage=<name> <overrides>`` would be, and run in this process through the same runner. A
+stage whose result is already on disk (same config hash) returns it in seconds, so a rerun after a failure resumes
+at the failed stage and a warm rerun is a cache check. The summary at the end lists each stage's time and output.
 """
 
 from __future__ import annotations
 
-import shlex
 import time
-from typing import Any
 
 from omegaconf import DictConfig
 
 from streakline.config import compose_config
 
-STAGE = "pipeline"
+from .common.lookup import stage_overrides
+from .runner import Stage, StageResult
 
 
-def stage_overrides(cfg: DictConfig, entry: str) -> tuple[str, list[str]]:
-    """(stage name, overrides to compose it with) for one ``experiment.stages`` entry."""
-    name, *extra = shlex.split(entry)
-    base = [o for o in cfg.overrides if o.split("=", 1)[0].lstrip("+~") != "stage"]
-    return name, [*base, f"stage={name}", *extra]
+class Pipeline(Stage):
+    name = "pipeline"
+    settings = ("experiment",)
+    needs_world = False  # each chained stage attaches its own
+
+    def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
+        from . import run_stage  # the dispatcher: every chained stage goes through the runner
+
+        entries = list(cfg.experiment.stages)
+        done: list[tuple[str, float, StageResult]] = []
+        t_all = time.perf_counter()
+        for i, entry in enumerate(entries):
+            name, overrides = stage_overrides(cfg, entry)
+            print(f"\n=== pipeline [{i + 1}/{len(entries)}] {entry}", flush=True)
+            t = time.perf_counter()
+            result = run_stage(compose_config(overrides))
+            done.append((entry, time.perf_counter() - t, result))
+        stages = [{"stage": e, "seconds": s, "output": _where(r), "cached": r.cached} for e, s, r in done]
+        report = next((r for _, _, r in reversed(done) if "markdown" in r.details), None)
+        details = {"stages": stages, "report": report, "name": cfg.experiment.name}
+        return StageResult(self.name, metrics={"seconds": time.perf_counter() - t_all}, details=details)
+
+    def report(self, result: StageResult) -> None:
+        stages = result.details["stages"]
+        print(f"\n=== pipeline {result.details['name']}: {len(stages)} stages in {result.metrics['seconds']:.0f} s")
+        for step in stages:
+            where = f"  -> {step['output']}" if step["output"] else ""
+            print(f"  {step['seconds']:7.1f} s  {step['stage']}{where}")
+        report = result.details["report"]
+        if report is not None:
+            print(f"\nreport: {report.details['markdown']}")
+            for path in report.details.get("figures", {}).values():
+                print(f"figure: {path}")
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    from . import run_stage  # the dispatcher; only launch.py and this chain runner call it
-
-    entries = list(cfg.experiment.stages)
-    done: list[dict[str, Any]] = []
-    t_all = time.perf_counter()
-    for i, entry in enumerate(entries):
-        name, overrides = stage_overrides(cfg, entry)
-        print(f"\n=== pipeline [{i + 1}/{len(entries)}] {entry}", flush=True)
-        stage_cfg = compose_config(overrides)
-        t = time.perf_counter()
-        result = run_stage(stage_cfg)
-        done.append({"stage": entry, "seconds": time.perf_counter() - t, "result": result})
-    print(f"\n=== pipeline {cfg.experiment.name}: {len(done)} stages in {time.perf_counter() - t_all:.0f} s")
-    for step in done:
-        print(f"  {step['seconds']:7.1f} s  {step['stage']}{_where(step['result'])}")
-    report = next(
-        (s["result"] for s in reversed(done) if isinstance(s["result"], dict) and "markdown" in s["result"]), None
-    )
-    if report is not None:
-        print(f"\nreport: {report['markdown']}")
-        for path in report.get("figures", {}).values():
-            print(f"figure: {path}")
-    return {"stages": [{k: v for k, v in s.items() if k != "result"} for s in done], "report": report}
+STAGE = Pipeline()
 
 
-def _where(result: Any) -> str:
-    if isinstance(result, dict):
-        for key in ("folder", "drafter", "path"):
-            if isinstance(result.get(key), str):
-                return f"  -> {result[key]}"
-    if result is not None and hasattr(result, "as_posix"):
-        return f"  -> {result}"
-    return ""
+def _where(result: StageResult) -> str | None:
+    """What a summary line points at: the stage's main artifact, else its folder."""
+    target = result.artifact or result.folder
+    return None if target is None else str(target)

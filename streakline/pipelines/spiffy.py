@@ -3,21 +3,18 @@
     python launch.py stage=spiffy model=tiny                                    # 50 prompts, D = 10 (docs/spiffy.md)
     python launch.py stage=spiffy model=tiny spiffy.rule=threshold spiffy.temperature=1.0 spiffy.budget=20
 
-Order of work (top-down):
-1. the world (``attach_world``), the target and its tokenizer;
-2. the run folder ``<run_root>/<experiment>/spiffy/<hash of target preset, tokenizer, spiffy.*>/``; a complete run
-   there is reused as is (its report is printed again);
-3. prompts: ``spiffy.prompts`` split evenly over ``spiffy.prompt_sources``, as raw text (``prompt_text``) encoded
-   with the target's tokenizer, exactly as ``stage=decode`` and ``stage=evaluate`` encode the prompts they decode;
-4. traces: the draft-free decoder (``spiffy.rule``, ``spiffy.temperature`` with coupled noise keyed by
+Recipe (``Spiffy.run``, top-down; the runner has attached the world, checked ``spiffy.*`` and found no complete run
+with the same key: target preset, tokenizer, ``spiffy.*``, recipe version):
+1. the target and its tokenizer; prompts: ``spiffy.prompts`` split evenly over ``spiffy.prompt_sources``, as raw
+   text (``prompt_text``) encoded exactly as ``stage=decode`` and ``stage=evaluate`` encode the prompts they decode;
+2. traces: the draft-free decoder (``spiffy.rule``, ``spiffy.temperature`` with coupled noise keyed by
    ``spiffy.seed``, ``spiffy.max_new_tokens``), top-``spiffy.top_k`` stale tokens per position, with a progress bar;
-5. calibration (``alignment.spiffy.calibrate``: realised (i, j)-sets up to ``spiffy.horizon`` steps ahead, greedy
+3. calibration (``alignment.spiffy.calibrate``: realised (i, j)-sets up to ``spiffy.horizon`` steps ahead, greedy
    growth to ``spiffy.budget`` nodes);
-6. ``graph.json`` (header: target name and decoding config), ``metrics.json`` and the manifest, written last.
+4. ``graph.json`` (header: target name and decoding config) and ``metrics.json``; the runner writes the manifest.
 
-``locate(cfg)`` is how ``decoder=spiffy`` finds the graph: ``decoder.artifact`` if set, else this experiment's
-complete run for the same target and ``spiffy.*``; ``decoding.registry.block_drafter`` builds the drafter from it.
-Tests: ``python -m pytest tests/pipelines/test_spiffy.py``.
+``decoder=spiffy`` finds the graph with ``common.lookup.locate_graph``; ``decoding.registry.block_drafter`` builds
+the drafter from it. Tests: ``python -m pytest tests/pipelines/test_spiffy.py``.
 """
 
 from __future__ import annotations
@@ -27,52 +24,50 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun, config_hash, find_complete, write_json_atomic
+from streakline.artifacts import StageRun, write_json_atomic
 from streakline.config import ConfigError
-from streakline.decoding.registry import BLOCK
-from streakline.models import CheckpointError
+from streakline.decoding.registry import BLOCK, block_decode_config
 
-from .bootstrap import attach_world
-from .decode import block_target, encode_records, source_records, target_tokenizer
-
-STAGE = "spiffy"
-GRAPH = "graph.json"
-# Bump when this stage's code changes what a config produces (prompt encoding, trace pairing), so that an old run
-# with the same settings is not reused.
-RECIPE_VERSION = 1
+from .common.lookup import GRAPH, spiffy_key
+from .common.prompts import encode_records, source_records
+from .common.roles import block_target, device, required_tokenizer
+from .runner import Stage, StageResult
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    from streakline.alignment.block_traces import collect_traces
-    from streakline.alignment.spiffy import calibrate
-    from streakline.decoding.block_diffusion import BlockDecodeConfig
+class Spiffy(Stage):
+    name = "spiffy"
+    settings = ("spiffy",)
 
-    attach_world(cfg)
-    check(cfg)
-    tokenizer = target_tokenizer(cfg, STAGE)
-    key = run_key(cfg, tokenizer)
-    done = find_complete(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key))
-    if done is not None:
-        metrics = json.loads((done / "metrics.json").read_text(encoding="utf-8"))
-        print(f"spiffy: already calibrated with these settings: {done / GRAPH}")
-        print(format_report(metrics, done))
-        return {"folder": str(done), "graph": str(done / GRAPH), "metrics": metrics, "cached": True}
+    def check(self, cfg: DictConfig) -> None:
+        """ConfigError for ``spiffy.*`` values the stage cannot run with."""
+        s = cfg.spiffy
+        if s.rule not in BLOCK:
+            raise ConfigError(f"spiffy.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
+        if not s.prompt_sources:
+            raise ConfigError("spiffy.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
+        for name in ("prompts", "max_new_tokens", "horizon", "budget", "batch_size"):
+            if s[name] < 1:
+                raise ConfigError(f"spiffy.{name} must be >= 1, got {s[name]}")
+        if s.top_k < 2:
+            raise ConfigError(f"spiffy.top_k must be >= 2 (token ranks j beyond it cannot be drafted), got {s.top_k}")
+        if s.temperature < 0:
+            raise ConfigError(f"spiffy.temperature must be >= 0, got {s.temperature}")
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = block_target(cfg, STAGE, device)
-    s = cfg.spiffy
-    prompts = encode_records(tokenizer, source_records(cfg.spiffy.prompt_sources, cfg.spiffy.prompts, "spiffy"))
-    decode = BlockDecodeConfig(
-        rule=s.rule,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        seed=s.seed,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    with StageRun(cfg.run_root, cfg.experiment.name, STAGE, key) as stage_run:
+    def key(self, cfg: DictConfig) -> dict[str, Any]:
+        return spiffy_key(cfg, required_tokenizer(cfg, "target", self.name))
+
+    def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
+        from streakline.alignment.block_traces import collect_traces
+        from streakline.alignment.spiffy import calibrate
+
+        s = cfg.spiffy
+        tokenizer = required_tokenizer(cfg, "target", self.name)
+        target = block_target(cfg, self.name, device())
+        prompts = encode_records(tokenizer, source_records(s.prompt_sources, s.prompts, self.name))
+        decode = block_decode_config(s, eos_token_id=tokenizer.eos_token_id)
+
         started = time.perf_counter()
         traces = collect_traces(target, prompts, decode, batch_size=s.batch_size, top_k=s.top_k, progress=True)
         collect_seconds = time.perf_counter() - started
@@ -94,37 +89,17 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         }
         write_json_atomic(stage_run.add_output("metrics.json"), metrics)
         stage_run.metrics.update(metrics)
-    print(format_report(metrics, stage_run.dir))
-    out = stage_run.dir
-    return {"folder": str(out), "graph": str(out / GRAPH), "metrics": metrics, "cached": False}
+        return StageResult(self.name, folder=stage_run.dir, artifact=stage_run.dir / GRAPH, metrics=metrics)
+
+    def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
+        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+        return StageResult(self.name, folder=folder, artifact=folder / GRAPH, metrics=metrics)
+
+    def report(self, result: StageResult) -> None:
+        print(format_report(result.metrics, result.folder))
 
 
-def check(cfg: DictConfig) -> None:
-    """ConfigError for ``spiffy.*`` values the stage cannot run with."""
-    s = cfg.spiffy
-    if s.rule not in BLOCK:
-        raise ConfigError(f"spiffy.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
-    if not s.prompt_sources:
-        raise ConfigError("spiffy.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
-    for name in ("prompts", "max_new_tokens", "horizon", "budget", "batch_size"):
-        if s[name] < 1:
-            raise ConfigError(f"spiffy.{name} must be >= 1, got {s[name]}")
-    if s.top_k < 2:
-        raise ConfigError(f"spiffy.top_k must be >= 2 (token ranks j beyond it cannot be drafted), got {s.top_k}")
-    if s.temperature < 0:
-        raise ConfigError(f"spiffy.temperature must be >= 0, got {s.temperature}")
-
-
-def run_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
-    """What the run depends on: the target preset (its folder included), its tokenizer, ``spiffy.*`` and the recipe."""
-    from streakline.models.tokenizer import tokenizer_hash
-
-    return {
-        "target": OmegaConf.to_container(cfg.model.target, resolve=True),
-        "tokenizer": tokenizer_hash(tokenizer),
-        "spiffy": OmegaConf.to_container(cfg.spiffy, resolve=True),
-        "recipe": RECIPE_VERSION,
-    }
+STAGE = Spiffy()
 
 
 def graph_header(cfg: DictConfig, target, decode) -> dict[str, Any]:
@@ -142,31 +117,6 @@ def graph_header(cfg: DictConfig, target, decode) -> dict[str, Any]:
         "prompt_sources": list(cfg.spiffy.prompt_sources),
         "max_new_tokens": int(cfg.spiffy.max_new_tokens),
     }
-
-
-def locate(cfg: DictConfig) -> Path:
-    """The graph.json ``decoder=spiffy`` uses: ``decoder.artifact`` (the file, or a folder holding it) if set, else
-    this experiment's complete ``stage=spiffy`` run for the same target and ``spiffy.*``; CheckpointError otherwise."""
-    if cfg.decoder.artifact:
-        path = Path(cfg.decoder.artifact).expanduser().absolute()
-        if path.is_dir():
-            path = path / GRAPH
-        if not path.is_file():
-            raise CheckpointError(
-                f"decoder.artifact={cfg.decoder.artifact} is not a Spiffy graph (no {path.name} there); point it at "
-                "the graph.json of a stage=spiffy run"
-            )
-        return path
-    attach_world(cfg)
-    digest = config_hash(run_key(cfg, target_tokenizer(cfg, STAGE)))
-    found = find_complete(cfg.run_root, cfg.experiment.name, STAGE, digest)
-    if found is None:
-        raise CheckpointError(
-            f"no Spiffy graph for this target and spiffy.* settings (experiment {cfg.experiment.name!r}, hash "
-            f"{digest}); run python launch.py stage=spiffy model={cfg.model.name} first (with the same spiffy.* "
-            "overrides), or set decoder.artifact=<a graph.json>"
-        )
-    return found / GRAPH
 
 
 def format_report(metrics: dict[str, Any], folder: Path) -> str:

@@ -1,94 +1,97 @@
 """Stage ``spot``: collect draft-free traces of the block-diffusion target and train SPOT's order model.
 
-    python launch.py stage=spot model=tiny                         # about 64 prompts, 600 steps (docs/spot.md)
+    python launch.py stage=spot model=tiny                         # 128 prompts, 1200 steps (docs/spot.md)
     python launch.py stage=spot model=tiny spot.prompts=200 spot.steps=2000 spot.temperature=1.0
 
-Order of work (top-down):
-1. the world (``attach_world``), the target and its tokenizer;
-2. the run folder ``<run_root>/<experiment>/spot/<hash of target preset, tokenizer, spot.*>/``; a complete run
-   there is reused as is (its report is printed again);
-3. prompts: ``spot.prompts`` split evenly over ``spot.prompt_sources``, raw text (``prompt_text``, as stage=decode
-   and stage=evaluate encode what they decode), encoded with the target's tokenizer;
-4. traces: the draft-free decoder (``spot.rule``, ``spot.temperature`` with coupled noise keyed by ``spot.seed``,
+Recipe (``Spot.run``, top-down; the runner has attached the world, checked ``spot.*`` and found no complete run
+with the same key: target preset, tokenizer, ``spot.*``):
+1. the target and its tokenizer; prompts: ``spot.prompts`` split evenly over ``spot.prompt_sources``, raw text
+   (``prompt_text``, as stage=decode and stage=evaluate encode what they decode);
+2. traces: the draft-free decoder (``spot.rule``, ``spot.temperature`` with coupled noise keyed by ``spot.seed``,
    ``spot.max_new_tokens``) over ``spot.num_shards`` contiguous prompt slices, each written atomically to
    ``shards/shard-XXXXX-of-YYYYY.parquet``; shards already there and readable are kept (a killed run resumes);
-5. examples (``alignment.spot.data``: stale step t paired with root S_{t+1}, depths < ``spot.horizon``), split by
+3. examples (``alignment.spot.data``: stale step t paired with root S_{t+1}, depths < ``spot.horizon``), split by
    prompt, and the order model trained (``alignment.spot.train``);
-6. ``order_model/`` (config.json + model.safetensors), ``metrics.json`` and the manifest, written last.
+4. ``order_model/`` (config.json + model.safetensors) and ``metrics.json``; the runner writes the manifest last.
 
-``locate(cfg)`` is how ``decoder=spot`` finds the order model: ``decoder.artifact`` if set, else this experiment's
-complete run for the same target and ``spot.*``; ``decoding.registry.block_drafter`` builds the drafter from it.
-Tests: ``python -m pytest tests/pipelines/test_spot.py``.
+``decoder=spot`` finds the order model with ``common.lookup.locate_order_model``; ``decoding.registry.block_drafter``
+builds the drafter from it. Tests: ``python -m pytest tests/pipelines/test_spot.py``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun, config_hash, find_complete, write_json_atomic
+from streakline.artifacts import StageRun, write_json_atomic
 from streakline.config import ConfigError
-from streakline.decoding.registry import BLOCK
-from streakline.models import CheckpointError
+from streakline.decoding.registry import BLOCK, block_decode_config
 
-from .bootstrap import attach_world
-from .decode import block_target, encode_records, source_records, target_tokenizer
+from .common.lookup import ORDER_MODEL, spot_key
+from .common.prompts import encode_records, source_records
+from .common.roles import block_target, device, required_tokenizer
+from .runner import Stage, StageResult
 
-STAGE = "spot"
 
+class Spot(Stage):
+    name = "spot"
+    settings = ("spot",)
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    from streakline.alignment.block_traces import read_trace_shards
-    from streakline.alignment.spot import SpotTrainConfig, build_examples, split_by_prompt, train_order_model
-    from streakline.models.order_model import OrderModelConfig
+    def check(self, cfg: DictConfig) -> None:
+        """ConfigError for ``spot.*`` values the stage cannot run with."""
+        s = cfg.spot
+        if s.rule not in BLOCK:
+            raise ConfigError(f"spot.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
+        if not s.prompt_sources:
+            raise ConfigError("spot.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
+        if s.prompts < 2:
+            raise ConfigError(f"spot.prompts must be >= 2 (some are held out), got {s.prompts}")
+        if not 0.0 < s.heldout_fraction < 1.0:
+            raise ConfigError(f"spot.heldout_fraction must be in (0, 1), got {s.heldout_fraction}")
+        for name in ("max_new_tokens", "horizon", "batch_size", "num_shards", "steps", "train_batch", "layers"):
+            if s[name] < 1:
+                raise ConfigError(f"spot.{name} must be >= 1, got {s[name]}")
+        if s.top_k < 2:
+            raise ConfigError(f"spot.top_k must be >= 2 (the second token hypothesis), got {s.top_k}")
+        if s.d_model % s.heads:
+            raise ConfigError(f"spot.d_model={s.d_model} must be divisible by spot.heads={s.heads}")
+        if s.temperature < 0:
+            raise ConfigError(f"spot.temperature must be >= 0, got {s.temperature}")
 
-    attach_world(cfg)
-    check(cfg)
-    tokenizer = target_tokenizer(cfg, STAGE)
-    key = run_key(cfg, tokenizer)
-    digest = config_hash(key)
-    done = find_complete(cfg.run_root, cfg.experiment.name, STAGE, digest)
-    if done is not None:
-        import json
+    def key(self, cfg: DictConfig) -> dict[str, Any]:
+        return spot_key(cfg, required_tokenizer(cfg, "target", self.name))
 
-        metrics = json.loads((done / "metrics.json").read_text(encoding="utf-8"))
-        print(f"spot: already trained with these settings: {done / 'order_model'}")
-        print(format_report(metrics, done))
-        return {"folder": str(done), "order_model": str(done / "order_model"), "metrics": metrics, "cached": True}
+    def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
+        from streakline.alignment.block_traces import read_trace_shards
+        from streakline.alignment.spot import SpotTrainConfig, build_examples, split_by_prompt, train_order_model
+        from streakline.models.order_model import OrderModelConfig
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    target = block_target(cfg, STAGE, device)
-    L = target.config.block_size
-    if L > cfg.spot.max_block:
-        raise ConfigError(f"the target's block size {L} exceeds spot.max_block={cfg.spot.max_block}; raise it")
-    prompts = encode_records(tokenizer, source_records(cfg.spot.prompt_sources, cfg.spot.prompts, "spot"))
+        s = cfg.spot
+        tokenizer = required_tokenizer(cfg, "target", self.name)
+        target = block_target(cfg, self.name, device())
+        L = target.config.block_size
+        if L > s.max_block:
+            raise ConfigError(f"the target's block size {L} exceeds spot.max_block={s.max_block}; raise it")
+        prompts = encode_records(tokenizer, source_records(s.prompt_sources, s.prompts, self.name))
 
-    with StageRun(cfg.run_root, cfg.experiment.name, STAGE, key) as stage_run:
         folder = stage_run.add_output("shards")
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        collected = _collect(cfg, target, tokenizer, prompts, folder, digest)
+        collected = _collect(cfg, target, tokenizer, prompts, folder, stage_run.cfg_hash)
         collect_seconds = time.perf_counter() - started
         traces = read_trace_shards(folder)
-        data = build_examples(traces, horizon=cfg.spot.horizon)
-        train, heldout = split_by_prompt(data, cfg.spot.heldout_fraction, cfg.spot.seed)
+        data = build_examples(traces, horizon=s.horizon)
+        train, heldout = split_by_prompt(data, s.heldout_fraction, s.seed)
         model_cfg = OrderModelConfig(
-            top_k=cfg.spot.top_k,
-            d_model=cfg.spot.d_model,
-            layers=cfg.spot.layers,
-            heads=cfg.spot.heads,
-            ffn=cfg.spot.ffn,
-            max_block=cfg.spot.max_block,
+            top_k=s.top_k, d_model=s.d_model, layers=s.layers, heads=s.heads, ffn=s.ffn, max_block=s.max_block
         )
-        train_cfg = SpotTrainConfig(
-            steps=cfg.spot.steps, batch_size=cfg.spot.train_batch, lr=cfg.spot.lr, seed=cfg.spot.seed
-        )
+        train_cfg = SpotTrainConfig(steps=s.steps, batch_size=s.train_batch, lr=s.lr, seed=s.seed)
         model, fit = train_order_model(train, heldout, model_cfg, train_cfg)
-        model.save(stage_run.add_output("order_model"))
+        model.save(stage_run.add_output(ORDER_MODEL))
         metrics = {
             "heldout": fit["heldout"],
             "parameters": fit["parameters"],
@@ -102,76 +105,27 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             "collect_seconds": collect_seconds,
             "train_seconds": fit["train_seconds"],
             "block_size": L,
-            "rule": cfg.spot.rule,
-            "temperature": cfg.spot.temperature,
+            "rule": s.rule,
+            "temperature": s.temperature,
         }
         write_json_atomic(stage_run.add_output("metrics.json"), metrics)
         stage_run.metrics.update(metrics)
-    print(format_report(metrics, stage_run.dir))
-    out = stage_run.dir
-    return {"folder": str(out), "order_model": str(out / "order_model"), "metrics": metrics, "cached": False}
+        return StageResult(self.name, folder=stage_run.dir, artifact=stage_run.dir / ORDER_MODEL, metrics=metrics)
+
+    def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
+        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+        return StageResult(self.name, folder=folder, artifact=folder / ORDER_MODEL, metrics=metrics)
+
+    def report(self, result: StageResult) -> None:
+        print(format_report(result.metrics, result.folder))
 
 
-def check(cfg: DictConfig) -> None:
-    """ConfigError for ``spot.*`` values the stage cannot run with."""
-    s = cfg.spot
-    if s.rule not in BLOCK:
-        raise ConfigError(f"spot.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
-    if not s.prompt_sources:
-        raise ConfigError("spot.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
-    if s.prompts < 2:
-        raise ConfigError(f"spot.prompts must be >= 2 (some are held out), got {s.prompts}")
-    if not 0.0 < s.heldout_fraction < 1.0:
-        raise ConfigError(f"spot.heldout_fraction must be in (0, 1), got {s.heldout_fraction}")
-    for name in ("max_new_tokens", "horizon", "batch_size", "num_shards", "steps", "train_batch", "layers"):
-        if s[name] < 1:
-            raise ConfigError(f"spot.{name} must be >= 1, got {s[name]}")
-    if s.top_k < 2:
-        raise ConfigError(f"spot.top_k must be >= 2 (the second token hypothesis), got {s.top_k}")
-    if s.d_model % s.heads:
-        raise ConfigError(f"spot.d_model={s.d_model} must be divisible by spot.heads={s.heads}")
-    if s.temperature < 0:
-        raise ConfigError(f"spot.temperature must be >= 0, got {s.temperature}")
-
-
-def run_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
-    """What the run depends on: the target preset (its folder included), its tokenizer, and ``spot.*``."""
-    from streakline.models.tokenizer import tokenizer_hash
-
-    return {
-        "target": OmegaConf.to_container(cfg.model.target, resolve=True),
-        "tokenizer": tokenizer_hash(tokenizer),
-        "spot": OmegaConf.to_container(cfg.spot, resolve=True),
-        "prompt_format": "prompt_text",  # raw text, as decode / evaluate encode prompts (was the chat template)
-    }
-
-
-def locate(cfg: DictConfig) -> Path:
-    """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set, else this experiment's complete
-    ``stage=spot`` run for the same target and ``spot.*``; CheckpointError saying what to run otherwise."""
-    if cfg.decoder.artifact:
-        folder = Path(cfg.decoder.artifact).expanduser().absolute()
-        if not (folder / "config.json").is_file():
-            raise CheckpointError(
-                f"decoder.artifact={cfg.decoder.artifact} is not an order-model folder (no config.json there); "
-                "point it at the order_model/ folder of a stage=spot run"
-            )
-        return folder
-    attach_world(cfg)
-    digest = config_hash(run_key(cfg, target_tokenizer(cfg, STAGE)))
-    found = find_complete(cfg.run_root, cfg.experiment.name, STAGE, digest)
-    if found is None:
-        raise CheckpointError(
-            f"no trained order model for this target and spot.* settings (experiment {cfg.experiment.name!r}, "
-            f"hash {digest}); run python launch.py stage=spot model={cfg.model.name} first (with the same spot.* "
-            "overrides), or set decoder.artifact=<an order_model folder>"
-        )
-    return found / "order_model"
+STAGE = Spot()
 
 
 def stale_token_agreement(traces) -> float:
     """How often a step's stale rank-0 token equals the token the position finally gets, over positions still
-    masked after the step (ALGORITHMS.md section 8: tokens are mostly known; the order is what must be learnt)."""
+    masked after the step (docs/algorithms.md section 8: tokens are mostly known; the order is what must be learnt)."""
     hits = total = 0
     for trace in traces:
         final = trace.states[-1]
@@ -185,7 +139,7 @@ def stale_token_agreement(traces) -> float:
 def format_report(metrics: dict[str, Any], folder: Path) -> str:
     held = metrics["heldout"] or {}
     lines = [
-        f"spot: order model ({metrics['parameters']:,} parameters) -> {folder / 'order_model'}",
+        f"spot: order model ({metrics['parameters']:,} parameters) -> {folder / ORDER_MODEL}",
         f"  traces: {metrics['traces']} blocks of {metrics['prompts']} prompts, {metrics['steps_per_block']:.1f} "
         f"steps per block, stale rank-0 token = final token {metrics['stale_token_agreement']:.1%}; "
         f"collected in {metrics['collect_seconds']:.1f} s",
@@ -230,18 +184,11 @@ def _shard_problem(path: Path, meta: dict) -> str | None:
 def _collect(cfg: DictConfig, target, tokenizer, prompts, folder: Path, digest: str) -> list[int]:
     """Write every missing or damaged shard; returns the shard indices collected now."""
     from streakline.alignment.block_traces import collect_traces, write_trace_shard
-    from streakline.decoding.block_diffusion import BlockDecodeConfig
 
     s = cfg.spot
     n = min(s.num_shards, len(prompts))
     bounds = [(i * len(prompts) // n, (i + 1) * len(prompts) // n) for i in range(n)]
-    decode = BlockDecodeConfig(
-        rule=s.rule,
-        max_new_tokens=s.max_new_tokens,
-        temperature=s.temperature,
-        seed=s.seed,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+    decode = block_decode_config(s, eos_token_id=tokenizer.eos_token_id)
     metas = [{"config_hash": digest, "shard": i, "num_shards": n, "prompts": list(b)} for i, b in enumerate(bounds)]
     todo = []
     for i, meta in enumerate(metas):

@@ -27,16 +27,81 @@ from omegaconf import DictConfig
 from streakline.artifacts import atomic_file
 from streakline.config import compose_config
 from streakline.evaluation.figures import fig7_speedup_vs_steps
+from streakline.evaluation.methods import EvalMethod
+from streakline.evaluation.suite import evaluate_methods
 
-from .bootstrap import attach_world
-from .evaluate import _method, distill_runs, evaluate_methods
-from .pipeline import stage_overrides
+from .common.lookup import distill_runs, stage_overrides
+from .common.prompts import evaluation_inputs
+from .runner import Stage, StageResult
 
-STAGE = "sweep"
+STAGE_NAME = "sweep"
+
+
+class Sweep(Stage):
+    name = STAGE_NAME
+    settings = ("sweep",)
+
+    def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
+        from . import run_stage  # the dispatcher: each distill run goes through the runner like any stage
+
+        for entry in cfg.sweep.train:
+            print(f"sweep: distill {entry}")
+            run_stage(compose_config(stage_overrides(cfg, f"distill {entry}")[1]))
+        path = history_path(cfg)
+        history = read_history(path)
+        methods = new_checkpoints(cfg, history)
+        new: list[dict] = []
+        if methods:
+            new = _evaluate(cfg, methods)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_file(path, "w") as f:  # rewrite whole: a crash never leaves half a line
+                for r in history + new:
+                    f.write(json.dumps(r) + "\n")
+        else:
+            print("sweep: every checkpoint is already in the history; nothing to evaluate")
+        figure = fig7_speedup_vs_steps(history + new, path.parent / "fig7_speedup_vs_steps.png", cfg.sweep.temperature)
+        points = sum(1 for r in new if r.get("checkpoint"))
+        metrics = {"new_points": points, "checkpoints": len(methods)}
+        return StageResult(self.name, path.parent, path, metrics, details={"figure": str(figure) if figure else None})
+
+    def report(self, result: StageResult) -> None:
+        m = result.metrics
+        print(f"sweep: {m['new_points']} new points ({m['checkpoints']} checkpoints) appended to {result.artifact}")
+        if result.details["figure"] is not None:
+            print(f"sweep: figure {result.details['figure']}")
+
+
+STAGE = Sweep()
+
+
+def new_checkpoints(cfg: DictConfig, history: list[dict[str, Any]]) -> list[EvalMethod]:
+    """A method per checkpoint of this experiment's distill runs that the history lacks on some benchmark."""
+    seen = {(r.get("checkpoint"), r["benchmark"]) for r in history if r.get("checkpoint")}
+    methods = []
+    for run_ in distill_runs(cfg):
+        for steps, ckpt in checkpoints(run_):
+            if all((ckpt, b) in seen for b in cfg.evaluate.benchmarks):
+                continue
+            label = f"{run_['method']}@{Path(run_['folder']).name}"
+            methods.append(EvalMethod(label, "diffusion_draft", drafter=ckpt, steps=steps, distill_loss=run_["method"]))
+    return methods
+
+
+def _evaluate(cfg: DictConfig, methods: list[EvalMethod]) -> list[dict[str, Any]]:
+    """Tonight's records: the new checkpoints plus ``ar_draft`` (the horizontal baseline) and ``vanilla`` (the
+    speedup reference), at ``sweep.temperature``."""
+    night = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    cfg.evaluate.temperatures = [cfg.sweep.temperature]
+    methods = [EvalMethod("ar_draft", "ar_draft"), *methods]
+    prompts, eos = evaluation_inputs(cfg, methods)
+    records = evaluate_methods(cfg, methods, prompts, eos)
+    for r in records:
+        r.update(night=night, checkpoint=r["drafter"] if r.get("steps") is not None else None)
+    return records
 
 
 def history_path(cfg: DictConfig) -> Path:
-    return Path(cfg.sweep.history or Path(cfg.run_root, cfg.experiment.name, STAGE, "history.jsonl"))
+    return Path(cfg.sweep.history or Path(cfg.run_root, cfg.experiment.name, STAGE_NAME, "history.jsonl"))
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:
@@ -60,47 +125,3 @@ def checkpoints(run: dict[str, Any]) -> list[tuple[int, str]]:
     if run["steps"] is not None and run["steps"] not in found:
         found[int(run["steps"])] = str(folder / "drafter")
     return sorted(found.items())
-
-
-def run(cfg: DictConfig) -> dict[str, Any]:
-    from . import run_stage
-
-    attach_world(cfg)
-    for entry in cfg.sweep.train:
-        print(f"sweep: distill {entry}")
-        run_stage(compose_config(stage_overrides(cfg, f"distill {entry}")[1]))
-    path = history_path(cfg)
-    history = read_history(path)
-    seen = {(r.get("checkpoint"), r["benchmark"]) for r in history if r.get("checkpoint")}
-    methods = []
-    for run_ in distill_runs(cfg):
-        for steps, ckpt in checkpoints(run_):
-            if all((ckpt, b) in seen for b in cfg.evaluate.benchmarks):
-                continue
-            label = f"{run_['method']}@{Path(run_['folder']).name}"
-            methods.append(_method(label, "diffusion_draft", drafter=ckpt, steps=steps, loss=run_["method"]))
-    night = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    new: list[dict] = []
-    if methods:
-        cfg.evaluate.temperatures = [cfg.sweep.temperature]
-        records = evaluate_methods(cfg, [_method("ar_draft", "ar_draft"), *methods])
-        for r in records:
-            r.update(night=night, checkpoint=r["drafter"] if r.get("steps") is not None else None)
-            new.append(r)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path, "w") as f:  # rewrite whole: a crash never leaves half a line
-            for r in history + new:
-                f.write(json.dumps(r) + "\n")
-    else:
-        print("sweep: every checkpoint is already in the history; nothing to evaluate")
-    figure = fig7_speedup_vs_steps(history + new, path.parent / "fig7_speedup_vs_steps.png", cfg.sweep.temperature)
-    points = sum(1 for r in new if r.get("checkpoint"))
-    print(f"sweep: {points} new points ({len(methods)} checkpoints) appended to {path}")
-    if figure is not None:
-        print(f"sweep: figure {figure}")
-    return {
-        "history": str(path),
-        "new_points": points,
-        "figure": str(figure) if figure else None,
-        "folder": str(path.parent),
-    }

@@ -15,11 +15,13 @@ Order of work (top-down):
    bytes is printed first;
 4. generation, in process (``launcher=local``) or on Ray actors (``launcher=ray``; one per GPU, or
    ``launcher.workers`` CPU slots), each shard written atomically as it finishes, a progress bar with tokens/s;
-5. every shard validated together (``data.trajectories.load_trajectories``), then the manifest, written last.
+5. every shard validated together (``data.trajectories.load_trajectories``); the runner writes the manifest last.
+   A complete run is reused as is unless a shard has been damaged since (then only that shard is regenerated).
 
-``stage=distill`` finds the folder with ``trajectories_dir(cfg)``. Fault injection for the tests (environment):
-``STREAKLINE_FAULT_WORKER_EXIT=<marker file>`` makes the first worker to finish a shard die before writing it
-(once: it creates the marker); ``STREAKLINE_FAULT_EXIT_AFTER_SHARDS=n`` ends the whole process after n shards.
+``stage=distill`` finds the folder with ``common.lookup.trajectories_dir(cfg)``. Fault injection for the tests
+(environment): ``STREAKLINE_FAULT_WORKER_EXIT=<marker file>`` makes the first worker to finish a shard die before
+writing it (once: it creates the marker); ``STREAKLINE_FAULT_EXIT_AFTER_SHARDS=n`` ends the whole process after n
+shards.
 """
 
 from __future__ import annotations
@@ -30,11 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from streakline.artifacts import StageRun, config_hash, run_dir
+from streakline.artifacts import StageRun, config_hash
 from streakline.config import ConfigError
 from streakline.data import load_benchmark
 from streakline.data.benchmarks import parse_source, prompt_text
@@ -48,78 +49,94 @@ from streakline.data.trajectories import (
     write_shard,
 )
 
-from .bootstrap import attach_world
+from .common.lookup import trajectories_key
+from .common.roles import device, required_tokenizer, role_tokenizer
+from .runner import Stage, StageResult
 
-STAGE = "trajectories"
 FAULT_WORKER_EXIT = "STREAKLINE_FAULT_WORKER_EXIT"
 FAULT_EXIT_AFTER = "STREAKLINE_FAULT_EXIT_AFTER_SHARDS"
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    attach_world(cfg)
-    tokenizer = _tokenizer(cfg)
-    from streakline.models.tokenizer import tokenizer_hash
+class Trajectories(Stage):
+    name = "trajectories"
+    settings = ("data",)
 
-    records = prompt_mix(cfg)
-    prompts = encode_prompts(cfg, tokenizer, records)
-    items = [(r["id"], s, p) for r, p in zip(records, prompts, strict=True) for s in range(cfg.data.samples_per_prompt)]
-    n_shards = min(cfg.data.num_shards, len(items))
-    pieces = [items[i * len(items) // n_shards : (i + 1) * len(items) // n_shards] for i in range(n_shards)]
-    key = run_key(cfg, tokenizer_hash(tokenizer))
-    folder = run_dir(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key)) / "shards"
-    metas = [_meta(cfg, key, i, n_shards, len(piece)) for i, piece in enumerate(pieces)]
+    def key(self, cfg: DictConfig) -> dict[str, Any]:
+        from streakline.models.tokenizer import tokenizer_hash
 
-    todo = []
-    for meta in metas:
-        problem = check_shard(folder / shard_name(meta.shard, n_shards), meta)
-        if problem is not None:
-            if problem != "missing":
-                print(f"trajectories: shard {meta.shard} is {problem}; regenerating it")
-            todo.append(meta.shard)
-    mean_prompt = sum(len(p) for p in prompts) / max(1, len(prompts))
-    est = estimate(len(items), mean_prompt, cfg.data.max_new_tokens, cfg.data.topk_logprobs)
-    print(
-        f"trajectories: {len(records)} prompts x {cfg.data.samples_per_prompt} samples = {est['rows']} rows in "
-        f"{n_shards} shards, at most {est['tokens']:,} tokens / {format_bytes(est['bytes'])}; "
-        f"{n_shards - len(todo)} shards already done, generating {len(todo)} -> {folder}"
-    )
+        return trajectories_key(cfg, tokenizer_hash(required_tokenizer(cfg, "verifier", self.name)))
 
-    with StageRun(cfg.run_root, cfg.experiment.name, STAGE, key) as stage_run:
-        job = _job(cfg, key)
+    def damage(self, cfg: DictConfig, folder: Path) -> str | None:
+        # Shards are checked on every use: a complete run with a damaged shard regenerates just that shard.
+        plan = _Plan(cfg, stage_key=self.key(cfg), folder=folder / "shards")
+        return "; ".join(f"shard {s} is {p}" for s, p in plan.problems().items() if p) or None
+
+    def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
+        plan = _Plan(cfg, stage_key=stage_run.config, folder=stage_run.dir / "shards")
+        todo = []
+        for shard, problem in plan.problems().items():
+            if problem is not None:
+                if problem != "missing":
+                    print(f"trajectories: shard {shard} is {problem}; regenerating it")
+                todo.append(shard)
+        print(plan.describe(todo))
         started = time.perf_counter()
         if todo:
-            _generate(cfg, job, pieces, metas, todo, folder)
-        dataset = load_trajectories(folder, tokenizer_hash=key["tokenizer"])
+            _generate(cfg, _job(cfg, plan.key), plan.pieces, plan.metas, todo, plan.folder)
+        dataset = load_trajectories(plan.folder, tokenizer_hash=plan.key["tokenizer"])
         stage_run.add_output("shards")
-        tokens = sum(len(c) for c in dataset["completion_ids"])
         reasons = dataset["finish_reason"]
         stage_run.metrics.update(
             rows=len(dataset),
-            completion_tokens=tokens,
+            completion_tokens=sum(len(c) for c in dataset["completion_ids"]),
             generated_shards=len(todo),
             seconds=time.perf_counter() - started,
             finish_reasons={r: reasons.count(r) for r in sorted(set(reasons))},
         )
-    print(f"trajectories: {len(dataset)} rows, {tokens:,} completion tokens in {folder}")
-    return {"folder": str(folder), "rows": len(dataset), "generated_shards": todo, "metrics": stage_run.metrics}
+        metrics = dict(stage_run.metrics)
+        return StageResult(self.name, stage_run.dir, plan.folder, metrics, details={"generated_shards": todo})
+
+    def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
+        from streakline.artifacts import read_manifest
+
+        metrics = read_manifest(folder).metrics
+        return StageResult(self.name, folder, folder / "shards", metrics, details={"generated_shards": []})
+
+    def report(self, result: StageResult) -> None:
+        m = result.metrics
+        print(f"trajectories: {m['rows']} rows, {m['completion_tokens']:,} completion tokens in {result.artifact}")
 
 
-def trajectories_dir(cfg: DictConfig) -> Path:
-    """The shard folder ``stage=trajectories`` writes for ``cfg`` (same verifier, tokenizer, data settings, seed).
-
-    ``cfg`` must already point at its world (``attach_world``), as every stage's does after its first line.
-    """
-    from streakline.models.tokenizer import tokenizer_hash
-
-    key = run_key(cfg, tokenizer_hash(_tokenizer(cfg)))
-    return run_dir(cfg.run_root, cfg.experiment.name, STAGE, config_hash(key)) / "shards"
+STAGE = Trajectories()
 
 
-def run_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
-    """What the trajectories depend on, and nothing else (the decoder or trainer settings do not move the folder)."""
-    node = cfg.model.verifier
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+class _Plan:
+    """The run's work: the prompt mix, its (prompt, sample) items cut into ``data.num_shards`` contiguous pieces,
+    and the metadata each shard must carry; ``problems()`` says which shards in ``folder`` are not yet right."""
+
+    def __init__(self, cfg: DictConfig, *, stage_key: dict[str, Any], folder: Path) -> None:
+        self.cfg, self.key, self.folder = cfg, stage_key, folder
+        tokenizer = required_tokenizer(cfg, "verifier", "trajectories")
+        self.records = prompt_mix(cfg)
+        self.prompts = encode_prompts(cfg, tokenizer, self.records)
+        samples = cfg.data.samples_per_prompt
+        items = [(r["id"], s, p) for r, p in zip(self.records, self.prompts, strict=True) for s in range(samples)]
+        n = min(cfg.data.num_shards, len(items))
+        self.pieces = [items[i * len(items) // n : (i + 1) * len(items) // n] for i in range(n)]
+        self.metas = [_meta(cfg, stage_key, i, n, len(piece)) for i, piece in enumerate(self.pieces)]
+
+    def problems(self) -> dict[int, str | None]:
+        return {m.shard: check_shard(self.folder / shard_name(m.shard, m.num_shards), m) for m in self.metas}
+
+    def describe(self, todo: list[int]) -> str:
+        cfg, n = self.cfg, len(self.pieces)
+        mean_prompt = sum(len(p) for p in self.prompts) / max(1, len(self.prompts))
+        est = estimate(sum(map(len, self.pieces)), mean_prompt, cfg.data.max_new_tokens, cfg.data.topk_logprobs)
+        return (
+            f"trajectories: {len(self.records)} prompts x {cfg.data.samples_per_prompt} samples = {est['rows']} rows "
+            f"in {n} shards, at most {est['tokens']:,} tokens / {format_bytes(est['bytes'])}; {n - len(todo)} shards "
+            f"already done, generating {len(todo)} -> {self.folder}"
+        )
 
 
 def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
@@ -160,15 +177,6 @@ def encode_prompts(cfg: DictConfig, tokenizer, records: list[dict[str, str]]) ->
 
 def shard_seed(seed: int, shard: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{shard}".encode()).digest()[:4], "little")
-
-
-def _tokenizer(cfg: DictConfig):
-    from .decode import role_tokenizer
-
-    tok = role_tokenizer(cfg, "verifier")
-    if tok is None:
-        raise ConfigError("stage=trajectories needs the verifier's tokenizer; set model.verifier.tokenizer=<folder>")
-    return tok
 
 
 def _meta(cfg: DictConfig, key: dict, shard: int, n_shards: int, rows: int) -> ShardMeta:
@@ -238,11 +246,8 @@ class ShardWorker:
         from streakline.decoding.backends import BACKENDS, SampleSettings
         from streakline.models import build
 
-        from .decode import role_tokenizer
-
         cfg = OmegaConf.create(job["cfg"])
         self.job, self.work = job, work
-        device = "cuda" if torch.cuda.is_available() else "cpu"
         tokenizer = role_tokenizer(cfg, "verifier")
         data = cfg.data
         settings = SampleSettings(
@@ -256,7 +261,7 @@ class ShardWorker:
         if data.backend == "vllm":
             self.backend = BACKENDS["vllm"](cfg.model.verifier.path, settings, tokenizer)
         else:
-            verifier = build(cfg.model.verifier, "verifier", device=device).eval()
+            verifier = build(cfg.model.verifier, "verifier", device=device()).eval()
             self.backend = BACKENDS["native"](verifier, settings, tokenizer)
         self.seed = cfg.seed
 

@@ -1,20 +1,22 @@
-"""Stage ``bootstrap``: build the tiny world (tokenizer, verifier, diffusion drafter, block-diffusion target).
+"""The tiny world: a tokenizer, a verifier, a diffusion drafter and a block-diffusion target the project trains
+itself from files every machine has (``model=tiny``, ``model=micro``).
 
-    python launch.py stage=bootstrap                 # model=tiny: 14-15 minutes cold on 2 cores, 3 s when cached
-    python launch.py stage=bootstrap model=micro     # the same code path in seconds (tests)
+    from streakline.world import attach_world
+    attach_world(cfg)             # points model.verifier / drafter / target at the built checkpoints
 
 The world lives in ``<run_root>/world/bootstrap/<hash>/`` (shared by every experiment), keyed by the model preset
 (architectures and the ``model.world`` recipe) and the standard-library fingerprint. A complete folder whose files
-still match the checksums in its manifest is reused; a damaged or partial one is rebuilt. Other stages call
-``attach_world(cfg)`` to point the tiny roles at the built checkpoints (building them first if needed).
+still match the checksums in its manifest is reused; a damaged or partial one is rebuilt. ``stage=bootstrap`` builds
+it on purpose; every other stage calls ``attach_world(cfg)``, which builds it first if needed.
 
 Recipe (sizes, steps and learning rates come from ``conf/model/<world>.yaml``):
   1. a byte-level BPE tokenizer on the code + math training texts;
   2. the verifier, causal LM on a code/math mix;
   3. the drafter, masked diffusion on packed draft windows (``prefix_causal``);
   4. the target, block diffusion (``block_causal``), from the verifier's weights when ``init_from: verifier``;
-  5. the sanity report (``report.json``): held-out loss/accuracy, the drafter's simulated streak against the
-     verifier's greedy continuations, the target's forwards per token under static and threshold decoding.
+  5. the sanity report (``report.json``, ``world/report.py``): held-out loss/accuracy, the drafter's simulated
+     streak against the verifier's greedy continuations, the target's forwards per token under static and
+     threshold decoding.
 """
 
 from __future__ import annotations
@@ -35,22 +37,15 @@ from streakline.config import check_world
 from streakline.data import code_texts, corpus_fingerprint, math_texts, train_tokenizer
 from streakline.data.streams import TokenStream, mixed_batch
 from streakline.models import build, save_pretrained
-from streakline.models.tokenizer import load_tokenizer, mask_token_id
+from streakline.models.tokenizer import has_tokenizer, load_tokenizer, mask_token_id
 
-from .world_report import format_report, sanity_report
+from .report import sanity_report
 
 WORLD_EXPERIMENT = "world"
-STAGE = "bootstrap"
+STAGE = "bootstrap"  # the world is this stage's artifact
 ROLES = ("verifier", "drafter", "target")
 # Bump when the recipe's code changes what a config produces, so old caches are not mistaken for new ones.
 RECIPE_VERSION = 2
-
-
-def run(cfg: DictConfig) -> dict[str, Any]:
-    folder = ensure_world(cfg)
-    report = read_manifest(folder).metrics["report"]
-    print(format_report(report, folder))
-    return {"dir": str(folder), "report": report}
 
 
 def world_key(cfg: DictConfig) -> dict[str, Any]:
@@ -97,10 +92,6 @@ def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
             # e.g. a folder written by transformers' model.save_pretrained, which saves no tokenizer
             node.tokenizer = str(folder / "tokenizer")
     return cfg
-
-
-def has_tokenizer(folder: str | Path) -> bool:
-    return any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
 
 
 def _files(folder: Path) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The sanity report of a freshly built world (used by ``stage=bootstrap``; not a stage of its own).
+"""The sanity report of a freshly built world (``world/build.py`` writes it into ``report.json``).
 
 verifier  held-out loss and next-token accuracy per domain
 drafter   simulated accepted streak at γ against the verifier's greedy continuations of tiny-math and tiny-code

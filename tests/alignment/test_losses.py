@@ -199,8 +199,8 @@ def test_metrics_per_slot_mean_and_none_where_no_window_is_valid():
 
 
 def test_streak_gradient_is_the_weighted_sum_of_label_gradients():
-    """ALGORITHMS.md: ∇ streak = Σ_j W_j ∇ℓ_j with W_j = Σ_{m≥j} Π_{i≤m} q_i(x_i); here ∇ℓ_j is written out
-    analytically, ∇_h log softmax(h Wᵀ/T)[x] = (W[x] - Σ_v q_v W[v]) / T, and likewise for W."""
+    """docs/algorithms.md section 4: ∇ streak = Σ_j W_j ∇ℓ_j with W_j = Σ_{m≥j} Π_{i≤m} q_i(x_i); here ∇ℓ_j is
+    written out analytically, ∇_h log softmax(h Wᵀ/T)[x] = (W[x] - Σ_v q_v W[v]) / T, and likewise for W."""
     hidden, weight, labels, valid, _ = _case(5)
     h, w = _leaves(hidden, weight)
     _run("streak", h, w, labels, valid).loss.backward()

@@ -6,7 +6,6 @@ through the presets, the cache is hit on rerun, and a damaged or partial cache e
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from streakline.config import ConfigError, compose_config
 from streakline.models import build
 from streakline.models.tokenizer import load_tokenizer
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world, ensure_world
+from streakline.world import attach_world, ensure_world
 
 
 def _cfg(root, *extra):
@@ -29,7 +28,7 @@ def built(micro_world):
 
 def test_every_model_learns_on_heldout_data(built):
     _, _, result = built
-    report = result["report"]
+    report = result.metrics
     for role in ("verifier", "drafter", "target"):
         for domain in ("code", "math"):
             start, end = report[role]["start"][f"{domain}_loss"], report[role]["heldout"][f"{domain}_loss"]
@@ -62,17 +61,17 @@ def test_world_checkpoints_load_through_the_presets(built):
 
 def test_rerun_hits_the_cache(built):
     root, _, result = built
-    manifest = Path(result["dir"]) / "manifest.json"
+    manifest = result.folder / "manifest.json"
     before = manifest.stat().st_mtime_ns
     t0 = time.perf_counter()
     again = run_stage(_cfg(root))
-    assert again["dir"] == result["dir"] and manifest.stat().st_mtime_ns == before
+    assert again.folder == result.folder and manifest.stat().st_mtime_ns == before
     assert time.perf_counter() - t0 < 10  # a hit reads checksums; it never trains
 
 
 def test_damaged_or_partial_entries_are_rebuilt(built, capsys):
     root, _, result = built
-    folder = Path(result["dir"])
+    folder = result.folder
     weights = folder / "drafter" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # truncated
     rebuilt = ensure_world(_cfg(root), progress=False)
@@ -99,4 +98,4 @@ def test_a_role_given_a_path_keeps_it(built, tmp_path):
     cfg = compose_config(["stage=doctor", "model=micro", f"run_root={root}", f"model.drafter.path={tmp_path}"])
     attach_world(cfg, progress=False)
     assert cfg.model.drafter.path == str(tmp_path)
-    assert cfg.model.verifier.path == str(Path(result["dir"]) / "verifier")
+    assert cfg.model.verifier.path == str(result.folder / "verifier")

@@ -11,7 +11,7 @@ import pytest
 from streakline.config import ConfigError, compose_config
 from streakline.models.checkpoint import CheckpointError
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world
+from streakline.world import attach_world
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Sam has 3 apples."
@@ -24,7 +24,7 @@ def world_root(micro_world):
 
 def _decode(root, *overrides):
     cfg = compose_config(["stage=decode", "model=micro", f"run_root={root}", "decoder.max_new_tokens=12", *overrides])
-    return run_stage(cfg)
+    return run_stage(cfg).details["line"]
 
 
 def test_every_decoder_prints_text_and_a_json_line(world_root, capsys):

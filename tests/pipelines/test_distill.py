@@ -67,25 +67,25 @@ def streak_run(world):
 
 
 def test_streak_distillation_lowers_the_loss_and_exports_a_decodable_drafter(world, streak_run, capsys):
-    losses = _losses(streak_run["folder"])
+    losses = _losses(streak_run.folder)
     assert len(losses) == 12
     assert sum(losses[-3:]) < sum(losses[:3])  # streak loss is -E[accepted]: it must fall as the drafter aligns
-    metrics = streak_run["metrics"]
+    metrics = streak_run.metrics
     assert "eval/tiny-math/sim_streak" in metrics and len(metrics["q_mean_j"]) == 4
     capsys.readouterr()
     out = run_stage(
         compose_config(
             ["stage=decode", "model=micro", f"run_root={world}", "decoder=diffusion_draft", "prompt_ids=[5,6,7]",
-             f"model.drafter.path={streak_run['drafter']}", "decoder.max_new_tokens=8"]
+             f"model.drafter.path={streak_run.artifact}", "decoder.max_new_tokens=8"]
         )
     )  # fmt: skip
     vanilla = run_stage(
         compose_config(["stage=decode", "model=micro", f"run_root={world}", "decoder=vanilla", "prompt_ids=[5,6,7]",
                         "decoder.max_new_tokens=8"])
     )  # fmt: skip
-    assert out["token_ids"] == vanilla["token_ids"]
+    assert out.details["line"]["token_ids"] == vanilla.details["line"]["token_ids"]
     again = _distill(world, "distill-data", "method=streak")  # complete: found, not retrained
-    assert again["resumed_from"] is None
+    assert again.cached and again.details["resumed_from"] is None
 
 
 def test_preemption_saves_and_the_rerun_resumes_bit_exactly(world, streak_run):
@@ -100,8 +100,8 @@ def test_preemption_saves_and_the_rerun_resumes_bit_exactly(world, streak_run):
     assert proc.returncode == 143, proc.stderr[-3000:]
     assert "saving a checkpoint" in proc.stdout
     resumed = _distill(world, "distill-preempt", "method=streak", "trainer.save_every=100")
-    assert resumed["resumed_from"] == 4
-    ref, got = _weights(streak_run["drafter"]), _weights(resumed["drafter"])
+    assert resumed.details["resumed_from"] == 4
+    ref, got = _weights(streak_run.artifact), _weights(resumed.artifact)
     assert ref.keys() == got.keys()
     for k in ref:
         assert torch.equal(ref[k], got[k]), k
@@ -110,10 +110,10 @@ def test_preemption_saves_and_the_rerun_resumes_bit_exactly(world, streak_run):
 def test_lora_exports_a_merged_checkpoint(world):
     res = _distill(world, "distill-data", "method=ce_streak", "trainer.lora.enabled=true", "trainer.lora.r=4",
                    "trainer.max_steps=4", "trainer.save_every=4", "trainer.eval_every=4")  # fmt: skip
-    merged = _weights(res["drafter"])
+    merged = _weights(res.artifact)
     assert not any("lora" in k for k in merged)
     base = compose_config(["stage=distill", *_overrides(world, "distill-data")])
-    from streakline.pipelines.bootstrap import attach_world
+    from streakline.world import attach_world
 
     base_weights = _weights(attach_world(base, progress=False).model.drafter.path)
     changed = [k for k in merged if not torch.equal(merged[k], base_weights[k])]
@@ -125,7 +125,7 @@ def test_lora_exports_a_merged_checkpoint(world):
 def test_distillspec_reads_stored_teacher_logprobs(world):
     res = _distill(world, "distill-data", "method=distillspec", "method.divergence=tvd", "trainer.max_steps=3",
                    "trainer.save_every=3", "trainer.eval_every=3")  # fmt: skip
-    assert len(_losses(res["folder"])) == 3
+    assert len(_losses(res.folder)) == 3
 
 
 @pytest.mark.parametrize("onpolicy", [0.0, 0.5])
@@ -133,7 +133,7 @@ def test_distillspec_with_an_online_verifier_teacher(world, onpolicy):
     res = _distill(world, "distill-data", "method=distillspec", "method.teacher=online", "method.divergence=jsd",
                    f"method.onpolicy_mix={onpolicy}", "trainer.max_steps=3", "trainer.save_every=3",
                    "trainer.eval_every=3")  # fmt: skip
-    losses = _losses(res["folder"])
+    losses = _losses(res.folder)
     assert len(losses) == 3 and all(x > 0 for x in losses)  # a JSD between two different models is positive
 
 
@@ -157,11 +157,11 @@ def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = _distill(world, "distill-data", *ranks)  # finds the 2-rank run complete: its folder, nothing retrained
-    assert two["resumed_from"] is None and two["folder"] != single["folder"]
-    losses = _losses(two["folder"])
+    assert two.details["resumed_from"] is None and two.folder != single.folder
+    losses = _losses(two.folder)
     assert len(losses) == 6 and losses[-1] < losses[0]
     # rank r reads micro-batch 2s + r: the two ranks see the single process's batches, split in halves
-    a, b = _weights(single["drafter"]), _weights(two["drafter"])
+    a, b = _weights(single.artifact), _weights(two.artifact)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=5e-3)
 
@@ -201,4 +201,4 @@ def test_two_nodes_rendezvous_on_localhost_and_train(world):
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     done = _distill(world, "distill-data", *args)
-    assert done["resumed_from"] is None and len(_losses(done["folder"])) == 3
+    assert done.details["resumed_from"] is None and len(_losses(done.folder)) == 3

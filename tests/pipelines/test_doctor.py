@@ -16,7 +16,7 @@ def tiny_report():
 
 
 def test_doctor_reports_environment_and_three_roles(tiny_report, capsys):
-    report = run_stage(tiny_report)
+    report = run_stage(tiny_report).metrics
     printed = capsys.readouterr().out
     env = report["environment"]
     assert env["python"] and env["hydra"] and env["torch"]

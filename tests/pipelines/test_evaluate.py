@@ -11,8 +11,8 @@ from streakline.artifacts import StageRun
 from streakline.config import compose_config
 from streakline.evaluation.results import RECORD_FIELDS
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world
 from streakline.pipelines.evaluate import discover
+from streakline.world import attach_world
 
 METHODS = (
     "evaluate.methods=[{name: vanilla, decoder: vanilla}, {name: ar_draft, decoder: ar_draft},"
@@ -34,7 +34,7 @@ def evaluated(micro_world):
 
 
 def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
-    doc = json.loads(open(evaluated["results"]).read())
+    doc = json.loads(open(evaluated.artifact).read())
     records = doc["records"]
     assert {"hardware", "versions", "experiment"} <= set(doc)
     assert len(records) == 5 * 2 * 2
@@ -46,17 +46,18 @@ def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
     assert all(len(r["alpha"]) == r["settings"]["gamma"] for r in spec)
     sampled = [r for r in spec if r["temperature"] > 0]
     assert sampled and all("p_value" in r["lossless_check"] for r in sampled)
-    md = open(evaluated["markdown"]).read()
+    md = open(evaluated.details["markdown"]).read()
     assert "Table 2" in md and "| base |" in md and "| threshold |" in md
-    assert set(evaluated["figures"]) == {"fig2_acceptance.png", "dllm_nfe.png"}
-    for path in evaluated["figures"].values():
+    assert set(evaluated.details["figures"]) == {"fig2_acceptance.png", "dllm_nfe.png"}
+    for path in evaluated.details["figures"].values():
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_rerun_is_cached_by_config(micro_world, evaluated):
     again = run_stage(_cfg(micro_world[0], METHODS))
-    assert again["cached"] and not evaluated["cached"]
-    assert again["folder"] == evaluated["folder"] and again["records"] == json.loads(json.dumps(evaluated["records"]))
+    assert again.cached and not evaluated.cached
+    assert again.folder == evaluated.folder
+    assert again.details["records"] == json.loads(json.dumps(evaluated.details["records"]))
 
 
 def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
@@ -70,9 +71,9 @@ def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
         shutil.copytree(cfg.model.drafter.path, run.dir / "drafter")
         run.add_output("drafter")
         run.metrics.update(steps=40, **{"eval/tiny-math/decoder_streak": 1.5})
-    methods = {m["name"]: m for m in discover(cfg)}
+    methods = {m.name: m for m in discover(cfg)}
     assert {"vanilla", "ar_draft", "base", "streak", "grid K=1 tau=1", "grid K=2 tau=1", "static", "threshold"} <= set(
         methods
     )
-    assert methods["streak"]["steps"] == 40 and methods["streak"]["drafter"] == str(run.dir / "drafter")
-    assert methods["grid K=2 tau=1"]["drafter"] == str(run.dir / "drafter")
+    assert methods["streak"].steps == 40 and methods["streak"].drafter == str(run.dir / "drafter")
+    assert methods["grid K=2 tau=1"].drafter == str(run.dir / "drafter")

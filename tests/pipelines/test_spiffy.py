@@ -14,9 +14,10 @@ from streakline.decoding.spiffy import SpiffyGraph
 from streakline.decoding.vanilla import left_pad
 from streakline.models import CheckpointError, build
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world
-from streakline.pipelines.decode import encode_records, role_tokenizer, source_records
-from streakline.pipelines.spiffy import locate
+from streakline.pipelines.common.lookup import locate_graph as locate
+from streakline.pipelines.common.prompts import encode_records, source_records
+from streakline.pipelines.common.roles import role_tokenizer
+from streakline.world import attach_world
 
 SETTINGS = [
     "spiffy.prompt_sources=[tiny-math-train,tiny-code]",  # tiny-code-train parses the stdlib (seconds): not here
@@ -46,9 +47,9 @@ def first(micro_world):
 
 def test_stage_writes_the_graph_and_its_metrics(first):
     root, res = first
-    assert not res["cached"]
-    folder = Path(res["folder"])
-    graph = SpiffyGraph.load(res["graph"])
+    assert not res.cached
+    folder = Path(res.folder)
+    graph = SpiffyGraph.load(res.artifact)
     h = graph.header
     assert (h["target"], h["rule"], h["temperature"], h["top_k"], h["horizon"], h["budget"]) == (
         "micro-target",
@@ -68,11 +69,11 @@ def test_stage_writes_the_graph_and_its_metrics(first):
 def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
     root, res = first
     again = run_stage(_cfg(root))
-    assert again["cached"] and again["graph"] == res["graph"]
+    assert again.cached and again.artifact == res.artifact
     cfg = attach_world(_cfg(root), progress=False)
-    assert locate(cfg) == Path(res["graph"])
-    cfg.decoder.artifact = res["folder"]  # a run folder works as well as the file
-    assert locate(cfg) == Path(res["graph"])
+    assert locate(cfg) == Path(res.artifact)
+    cfg.decoder.artifact = res.folder  # a run folder works as well as the file
+    assert locate(cfg) == Path(res.artifact)
 
     # The located graph drafts for the micro target and decodes exactly like the draft-free decoder.
     cfg.decoder.artifact = None

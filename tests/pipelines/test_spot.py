@@ -17,7 +17,8 @@ from streakline.decoding.vanilla import left_pad
 from streakline.models import CheckpointError, build
 from streakline.models.order_model import OrderModel
 from streakline.pipelines import run_stage
-from streakline.pipelines.spot import locate
+from streakline.pipelines.common.lookup import locate_order_model
+from streakline.world import attach_world
 
 SETTINGS = [
     "spot.prompt_sources=[tiny-math-train]",  # tiny-code-train parses the stdlib's training files: seconds per run
@@ -54,48 +55,52 @@ def first(micro_world):
 
 def test_stage_writes_shards_order_model_and_metrics(first, capsys):
     root, res = first
-    folder = res["folder"]
-    assert not res["cached"]
+    folder = res.folder
+    assert not res.cached
     manifest = read_manifest(folder)
     assert manifest.status == "complete" and set(manifest.outputs) == {"shards", "order_model", "metrics.json"}
     traces = read_trace_shards(f"{folder}/shards")
     assert sorted({t.prompt for t in traces}) == list(range(10))  # global prompt numbering across the 2 shards
     metrics = json.loads(Path(folder, "metrics.json").read_text())
-    assert metrics == res["metrics"] == manifest.metrics
+    assert metrics == res.metrics == manifest.metrics
     assert metrics["collected_shards"] == [0, 1] and metrics["traces"] == len(traces)
     held = metrics["heldout"]
     assert 0 <= held["accuracy"] <= 1 and 0 <= held["baseline_accuracy"] <= 1
     assert set(held["by_depth"]) <= {"0", "1", "2", "3"} and "0" in held["by_depth"]
     assert metrics["examples"]["train"] > 0 and metrics["examples"]["heldout"] == held["examples"]
-    model = OrderModel.load(res["order_model"])
+    model = OrderModel.load(res.artifact)
     assert model.num_parameters() == metrics["parameters"] and model.config.top_k == 8
 
 
 def test_rerun_is_cached_and_a_lost_shard_is_recollected_alone(first, capsys):
     root, res = first
     again = run_stage(_cfg(root))
-    assert again["cached"] and again["folder"] == res["folder"] and again["metrics"] == res["metrics"]
-    assert "already trained" in capsys.readouterr().out
+    assert again.cached and again.folder == res.folder and again.metrics == res.metrics
+    assert "reusing the complete run" in capsys.readouterr().out
     # A killed run: one shard and the manifest gone. Only that shard is decoded again, with the same traces.
     other = _cfg(root, "spot-resume")
     full = run_stage(other)
-    before = read_trace_shards(f"{full['folder']}/shards")
-    folder = Path(full["folder"])
+    before = read_trace_shards(f"{full.folder}/shards")
+    folder = Path(full.folder)
     (folder / "manifest.json").unlink()
     next(iter(sorted((folder / "shards").glob("shard-00001-*.parquet")))).unlink()
     resumed = run_stage(_cfg(root, "spot-resume"))
-    assert resumed["metrics"]["collected_shards"] == [1] and not resumed["cached"]
+    assert resumed.metrics["collected_shards"] == [1] and not resumed.cached
     after = read_trace_shards(folder / "shards")
     assert len(after) == len(before)
     for a, b in zip(before, after, strict=True):
         assert a.prompt == b.prompt and all((x.tokens == y.tokens).all() for x, y in zip(a.steps, b.steps, strict=True))
-    assert resumed["metrics"]["heldout"] == full["metrics"]["heldout"]  # training is deterministic too
+    assert resumed.metrics["heldout"] == full.metrics["heldout"]  # training is deterministic too
+
+
+def locate(cfg):
+    return locate_order_model(attach_world(cfg, progress=False))
 
 
 def test_locate_finds_the_run_or_says_what_to_run(first, tmp_path):
     root, res = first
-    assert str(locate(_cfg(root))) == res["order_model"]
-    assert locate(_cfg(root, "spot", f"decoder.artifact={res['order_model']}")) == locate(_cfg(root))
+    assert locate(_cfg(root)) == res.artifact
+    assert locate(_cfg(root, "spot", f"decoder.artifact={res.artifact}")) == locate(_cfg(root))
     with pytest.raises(CheckpointError, match=r"python launch.py stage=spot model=micro first"):
         locate(_cfg(root, "never-ran"))
     with pytest.raises(CheckpointError, match="python launch.py stage=spot model=micro first"):

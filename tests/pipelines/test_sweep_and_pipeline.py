@@ -8,7 +8,7 @@ import pytest
 
 from streakline.config import compose_config
 from streakline.pipelines import run_stage
-from streakline.pipelines.pipeline import stage_overrides
+from streakline.pipelines.common.lookup import stage_overrides
 from tests.pipelines.test_distill import DATA, TRAIN
 
 EVAL = ["evaluate.benchmarks=[tiny-math]", "evaluate.prompts=2", "evaluate.max_new_tokens=8"]
@@ -29,20 +29,20 @@ def test_sweep_appends_one_point_per_new_checkpoint_and_skips_evaluated_ones(mic
     run_stage(compose_config(["stage=trajectories", *common]))
     first = run_stage(compose_config(["stage=sweep", *common, "sweep.train=['method=ce_streak']"]))
     # Checkpoints at steps 2 and 4 (the final drafter holds step 4's weights): one point each, one benchmark.
-    assert first["new_points"] == 2
-    history = _lines(first["history"])
+    assert first.metrics["new_points"] == 2
+    history = _lines(first.artifact)
     points = [r for r in history if r["checkpoint"]]
     assert sorted(r["steps"] for r in points) == [2, 4]
     assert all(r["lossless"] and r["settings"]["method"] == "ce_streak" for r in points)
     assert {r["method"] for r in history if not r["checkpoint"]} == {"vanilla", "ar_draft"}
-    assert Path(first["figure"]).read_bytes()[:4] == b"\x89PNG"
+    assert Path(first.details["figure"]).read_bytes()[:4] == b"\x89PNG"
     # The next night: nothing new, nothing appended.
     again = run_stage(compose_config(["stage=sweep", *common, "sweep.train=['method=ce_streak']"]))
-    assert again["new_points"] == 0 and _lines(again["history"]) == history
+    assert again.metrics["new_points"] == 0 and _lines(again.artifact) == history
     # A new run appears (another method): exactly its checkpoints are added.
     third = run_stage(compose_config(["stage=sweep", *common, "sweep.train=['method=ce_streak', 'method=ar_distill']"]))
-    assert third["new_points"] == 2
-    added = _lines(third["history"])[len(history) :]
+    assert third.metrics["new_points"] == 2
+    added = _lines(third.artifact)[len(history) :]
     assert sorted(r["steps"] for r in added if r["checkpoint"]) == [2, 4]
     assert {r["settings"]["method"] for r in added if r["checkpoint"]} == {"ar_distill"}
 
@@ -54,15 +54,15 @@ def test_pipeline_runs_the_chain_and_a_rerun_is_cached(micro_world, capsys):
                           "evaluate.temperatures=[0.0]", chain])  # fmt: skip
     assert stage_overrides(cfg, "distill method=ce_streak")[1][-2:] == ["stage=distill", "method=ce_streak"]
     out = run_stage(cfg)
-    assert [s["stage"] for s in out["stages"]] == ["trajectories", "distill method=ce_streak",
+    assert [s["stage"] for s in out.details["stages"]] == ["trajectories", "distill method=ce_streak",
                                                    "evaluate evaluate.k_grid=[1]"]  # fmt: skip
-    report = out["report"]
-    methods = {r["method"] for r in report["records"]}
+    report = out.details["report"]
+    methods = {r["method"] for r in report.details["records"]}
     assert {"vanilla", "ar_draft", "base", "ce_streak", "grid K=1 tau=1"} <= methods
-    assert all(r["lossless"] for r in report["records"])
+    assert all(r["lossless"] for r in report.details["records"])
     assert "report: " in capsys.readouterr().out
     again = run_stage(cfg)
-    assert again["report"]["cached"] and again["report"]["folder"] == report["folder"]
+    assert again.details["report"].cached and again.details["report"].folder == report.folder
 
 
 def test_pipeline_refuses_an_unknown_stage_in_the_chain():

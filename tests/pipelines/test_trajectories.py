@@ -17,8 +17,8 @@ from streakline.config import compose_config
 from streakline.data.trajectories import load_trajectories
 from streakline.models import build
 from streakline.pipelines import run_stage
-from streakline.pipelines.bootstrap import attach_world
 from streakline.pipelines.trajectories import FAULT_EXIT_AFTER, FAULT_WORKER_EXIT
+from streakline.world import attach_world
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = [
@@ -41,7 +41,7 @@ def _run(root, experiment, *extra):
 
 
 def _rows(result):
-    ds = load_trajectories(result["folder"])
+    ds = load_trajectories(result.artifact)
     return [dict(r) for r in ds]
 
 
@@ -54,7 +54,7 @@ def reference(micro_world):
 def test_single_process_run_stores_every_sample_with_teacher_logprobs(reference):
     root, result = reference
     rows = _rows(result)
-    assert len(rows) == 24 and result["generated_shards"] == [0, 1, 2, 3]
+    assert len(rows) == 24 and result.details["generated_shards"] == [0, 1, 2, 3]
     assert len({(r["prompt_id"], r["sample_index"]) for r in rows}) == 24  # no duplicates, no gaps
     assert {r["finish_reason"] for r in rows} <= {"eos", "length"}
     cfg = attach_world(compose_config(_overrides(root, "single")), progress=False)
@@ -69,7 +69,7 @@ def test_single_process_run_stores_every_sample_with_teacher_logprobs(reference)
             torch.tensor(r["topk_logprobs"], dtype=torch.float32), want.values, atol=2e-2, rtol=1e-2
         )
     again = _run(root, "single")  # a rerun finds every shard done and generates nothing
-    assert again["generated_shards"] == [] and _rows(again) == rows
+    assert again.details["generated_shards"] == [] and _rows(again) == rows
 
 
 def test_ray_with_two_workers_and_a_dying_worker_gives_the_same_rows(reference, tmp_path, monkeypatch):
@@ -88,10 +88,10 @@ def test_killed_stage_resumes_with_only_the_missing_shards(reference):
         [sys.executable, "launch.py", *_overrides(root, "killed")], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
-    folder = Path(result["folder"].replace("/single/", "/killed/"))
+    folder = Path(str(result.artifact).replace("/single/", "/killed/"))
     assert len(list(folder.glob("shard-*.parquet"))) == 2 and not (folder.parent / "manifest.json").exists()
     resumed = _run(root, "killed")
-    assert len(resumed["generated_shards"]) == 2
+    assert len(resumed.details["generated_shards"]) == 2
     assert _rows(resumed) == _rows(result)
     manifest = json.loads((folder.parent / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["metrics"]["rows"] == 24
@@ -100,11 +100,11 @@ def test_killed_stage_resumes_with_only_the_missing_shards(reference):
 def test_a_damaged_shard_is_reported_and_regenerated(reference, capsys):
     root, result = reference
     _run(root, "damaged")
-    folder = Path(result["folder"].replace("/single/", "/damaged/"))
+    folder = Path(str(result.artifact).replace("/single/", "/damaged/"))
     victim = sorted(folder.glob("shard-*.parquet"))[1]
     victim.write_bytes(victim.read_bytes()[:200])
     capsys.readouterr()
     again = _run(root, "damaged")
     assert "shard 1 is corrupt" in capsys.readouterr().out
-    assert again["generated_shards"] == [1]
+    assert again.details["generated_shards"] == [1]
     assert _rows(again) == _rows(result)

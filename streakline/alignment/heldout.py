@@ -1,0 +1,66 @@
+"""Held-out checks of a drafter during distillation (rank 0): the simulated streak against the verifier's greedy
+continuations of held-out prompts, and the real decoder's accepted streak on a few of them.
+
+    evaluator = HeldoutEvaluator(verifier, tokenizer, pairs_from(...), gamma, mask_id)
+    metrics = evaluator(step, drafter)   # {"eval/<source>/sim_streak": ..., "eval/<source>/decoder_streak": ...}
+
+These numbers pick checkpoints and draw the training curves; ``stage=evaluate`` measures the deployed speedup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class HeldoutEvaluator:
+    """Held-out checks on rank 0: simulated streak against verifier continuations, and the real decoder's streak."""
+
+    def __init__(self, verifier, tokenizer, sources, prompts_per_source: int, gamma: int, mask_id: int) -> None:
+        """``sources``: benchmark names (or ``name@file``) whose first ``prompts_per_source`` prompts are held out;
+        the verifier continues each greedily for ``4 * gamma`` tokens once, here."""
+        from streakline.data import load_benchmark
+        from streakline.data.benchmarks import BenchmarkError, parse_source, prompt_text
+        from streakline.decoding.vanilla import greedy_generate
+
+        self.verifier, self.gamma, self.mask_id = verifier, gamma, mask_id
+        self.pairs: dict[str, list[tuple[list[int], list[int]]]] = {}
+        eos = tokenizer.eos_token_id
+        for source in sources:
+            name, path = parse_source(source)
+            try:
+                records = load_benchmark(name, path=path, limit=prompts_per_source)
+            except BenchmarkError as e:
+                print(f"distill: no held-out evaluation on {name}: {e}")
+                continue
+            prompts = [tokenizer(prompt_text(r), add_special_tokens=False)["input_ids"] for r in records]
+            completions = greedy_generate(verifier, prompts, 4 * gamma, eos_token_id=eos)
+            self.pairs[name] = list(zip(prompts, completions, strict=True))
+
+    @torch.no_grad()
+    def __call__(self, step: int, drafter) -> dict[str, Any]:
+        from streakline.alignment.streak import simulated_streak
+        from streakline.decoding.drafters import DiffusionDrafter
+        from streakline.decoding.speculative import SpecConfig, generate
+
+        if not self.pairs:
+            return {}
+        was_training = drafter.training
+        drafter.eval()
+        out: dict[str, Any] = {}
+        for name, pairs in self.pairs.items():
+            s = simulated_streak(drafter, pairs, self.gamma, self.mask_id, verifier=self.verifier)
+            out[f"eval/{name}/sim_streak"] = s["mean_streak"]
+            out[f"eval/{name}/soft_streak"] = s["mean_soft_streak"]
+            out[f"eval/{name}/alpha"] = s["alpha"]
+            prompts = [p for p, _ in pairs[:4]]
+            res = generate(
+                self.verifier,
+                prompts,
+                SpecConfig(max_new_tokens=2 * self.gamma, gamma=self.gamma),
+                drafter=DiffusionDrafter(drafter, temperature=0.0),
+            )
+            out[f"eval/{name}/decoder_streak"] = res.metrics.accepted_per_cycle
+        drafter.train(was_training)
+        return out

@@ -1,0 +1,215 @@
+"""Run evaluation methods over benchmarks and temperatures, check every run against its reference decoder, and
+return finished records (``stage=evaluate`` and ``stage=sweep`` both call :func:`evaluate_methods`).
+
+    records = evaluate_methods(cfg, methods, prompts, eos)
+
+``prompts``: ``{"speculative": {benchmark: ids}, "block": {benchmark: ids}}`` encoded with the verifier's and the
+target's tokenizer; ``eos``: ``{"verifier": id, "target": id}``. Methods run in this process, or fan out over Ray
+actors with ``launcher=ray`` (one :class:`EvalWorker` each, models built once per worker).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+from streakline.config import ConfigError
+from streakline.decoding.registry import (
+    BLOCK,
+    BLOCK_DRAFTED,
+    REFERENCE,
+    REFERENCE_DECODERS,
+    block_decode_config,
+    block_drafter,
+    decoder_family,
+    speculative_setup,
+)
+
+from .lossless import exact_check, sampled_check
+from .methods import DECODER_OVERRIDES, EvalMethod
+from .results import finalize
+from .runner import run_block, run_speculative, sequence_logprobs
+
+family = decoder_family  # "block" (the block-diffusion target's decoders) or "speculative" (the verifier's)
+
+
+class EvalWorker:
+    """Builds the models once; ``run(i)`` evaluates method i on every benchmark and temperature. Runs in-process
+    or as a Ray actor (``launcher=ray``)."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.cfg = OmegaConf.create(job["cfg"])
+        self.methods: list[EvalMethod] = job["methods"]
+        self.prompts = job["prompts"]
+        torch.set_num_threads(max(1, self.cfg.evaluate.threads))
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._models: dict[str, Any] = {}
+        self.eos = {role: job["eos"].get(role) for role in ("verifier", "target")}
+
+    def model(self, role: str, path: str | None = None):
+        from streakline.models import build
+
+        key = f"{role}:{path}"
+        if key not in self._models:
+            preset = self.cfg.model[role]
+            if path is not None:
+                preset = OmegaConf.merge(preset, {"path": path})
+            self._models[key] = build(preset, role, device=self.device).eval()
+        return self._models[key]
+
+    def run(self, index: int) -> list[dict[str, Any]]:
+        method = self.methods[index]
+        fam = family(method.decoder)
+        out = []
+        temps = [self.cfg.evaluate.grid_temperature] if method.grid else list(self.cfg.evaluate.temperatures)
+        for bench, prompts in self.prompts[fam].items():
+            for temperature in temps:
+                if isinstance(method.artifact, dict) and str(float(temperature)) not in method.artifact:
+                    continue  # no artifact for this temperature (discovery said why)
+                decode = self._block if fam == "block" else self._speculative
+                run, settings = decode(method, prompts, float(temperature))
+                row = {
+                    "method": method.name,
+                    "decoder": method.decoder,
+                    "family": fam,
+                    "drafter": method.drafter,
+                    "steps": method.steps,
+                    "benchmark": bench,
+                    "temperature": float(temperature),
+                    "settings": settings,
+                    "prompts": len(prompts),
+                    "tokens": run.tokens,
+                    **run.metrics,
+                }
+                if fam == "speculative" and temperature > 0:
+                    row["logprobs"] = sequence_logprobs(self.model("verifier"), prompts, run.tokens)
+                out.append(row)
+        return out
+
+    def _pick(self, method: EvalMethod) -> dict[str, Any]:
+        return {k: method.override(k, self.cfg.decoder.get(k)) for k in DECODER_OVERRIDES}
+
+    def _block(self, method: EvalMethod, prompts, temperature: float):
+        ev, pick = self.cfg.evaluate, self._pick(method)
+        rule = method.decoder if method.decoder in BLOCK else pick["rule"]
+        decode = block_decode_config(
+            self.cfg.decoder, eos_token_id=self.eos["target"], rule=rule, max_new_tokens=ev.max_new_tokens,
+            temperature=temperature, seed=self.cfg.seed,
+        )  # fmt: skip
+        drafter = None
+        if method.decoder in BLOCK_DRAFTED:
+            if method.decoder == "spiffy" and method.budget is None:
+                pick["budget"] = None  # the whole calibrated graph unless the method says otherwise
+            artifact = method.artifact[str(temperature)] if isinstance(method.artifact, dict) else method.artifact
+            drafter = block_drafter(
+                method.decoder, artifact, pick, device=self.device, target=self.cfg.model.target.name
+            )
+        run = run_block(self.model("target"), prompts, decode, drafter, batch_size=ev.batch_size)
+        settings = {"rule": rule, **({k: pick[k] for k in ("budget", "prune", "gamma_floor")} if drafter else {})}
+        return run, settings
+
+    def _speculative(self, method: EvalMethod, prompts, temperature: float):
+        ev, pick = self.cfg.evaluate, self._pick(method)
+        decoder = OmegaConf.merge(
+            self.cfg.decoder,
+            {
+                "name": method.decoder,
+                "temperature": temperature,
+                "max_new_tokens": ev.max_new_tokens,
+                "K": pick["K"],
+                "gamma": pick["gamma"],
+                "drafter_temperature": pick["drafter_temperature"],
+            },
+        )
+        drafter_model = None if method.decoder == "vanilla" else self.model("drafter", method.drafter)
+        try:
+            spec, drafter = speculative_setup(
+                decoder,
+                drafter_model,
+                gamma_default=self.cfg.model.drafter.gamma,
+                eos_token_id=self.eos["verifier"],
+                seed=self.cfg.seed,
+            )
+        except (ValueError, NotImplementedError) as e:
+            raise ConfigError(f"evaluate: method {method.name!r}: {e}") from e
+        run = run_speculative(self.model("verifier"), prompts, spec, drafter, batch_size=ev.batch_size)
+        if method.decoder == "vanilla":
+            return run, {"grid": False}
+        settings = {
+            "K": spec.K,
+            "gamma": spec.gamma,
+            "acceptance": spec.acceptance,
+            "grid": bool(method.grid),
+            "drafter_temperature": decoder.drafter_temperature,
+            "method": method.distill_loss,
+        }
+        return run, settings
+
+
+def check_lossless(rows: list[dict]) -> None:
+    """Attach ``lossless`` / ``lossless_check`` to every row, against its family's reference decoder: token for
+    token at temperature 0 (and for every block decoder), a statistical test of the sequences' verifier log-probs
+    for sampled speculative rows."""
+    refs = {(r["decoder"], r["benchmark"], r["temperature"]): r for r in rows if r["decoder"] in REFERENCE_DECODERS}
+    for r in rows:
+        if r["decoder"] in REFERENCE_DECODERS:
+            r.update(lossless=True, lossless_check={"lossless": True, "check": "reference decoder"})
+            continue
+        ref_name = r["settings"].get("rule") if r["family"] == "block" else REFERENCE["speculative"]
+        ref = refs.get((ref_name, r["benchmark"], r["temperature"]))
+        if ref is None:
+            r.update(lossless=False, lossless_check={"lossless": False, "check": f"no {ref_name} reference run"})
+            continue
+        sampled = r["family"] == "speculative" and r["temperature"] > 0
+        check = sampled_check(r["logprobs"], ref["logprobs"]) if sampled else exact_check(r["tokens"], ref["tokens"])
+        r.update(lossless=check["lossless"], lossless_check=check)
+
+
+def with_references(methods: list[EvalMethod]) -> list[EvalMethod]:
+    """``methods`` plus the reference decoders their checks and speedups need (vanilla, static, threshold)."""
+    names = {m.decoder for m in methods}
+    extra = []
+    if names & {"ar_draft", "diffusion_draft"} and "vanilla" not in names:
+        extra.append(EvalMethod("vanilla", "vanilla"))
+    rules = {m.rule or "static" for m in methods if m.decoder in BLOCK_DRAFTED}
+    extra += [EvalMethod(rule, rule) for rule in sorted(rules) if rule not in names]
+    return extra + methods
+
+
+def evaluate_methods(cfg: DictConfig, methods: list[EvalMethod], prompts: dict, eos: dict) -> list[dict]:
+    """Run ``methods`` (with their references added) on cfg.evaluate's benchmarks and temperatures; checked,
+    finalised records (without tokens)."""
+    methods = with_references(methods)
+    ev = cfg.evaluate
+    print(f"evaluate: {len(methods)} methods x {len(ev.benchmarks)} benchmarks x {len(ev.temperatures)} temperatures")
+    job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
+    rows = _evaluate_all(cfg, job, methods)
+    check_lossless(rows)
+    return finalize([{k: v for k, v in r.items() if k not in ("tokens", "logprobs")} for r in rows])
+
+
+def _evaluate_all(cfg: DictConfig, job: dict, methods: list[EvalMethod]) -> list[dict]:
+    rows: list[dict] = []
+    if cfg.launcher.name == "ray" and len(methods) > 1:
+        from streakline.launch.ray_pool import run_on_ray
+
+        results: dict[int, list] = {}
+        run_on_ray(
+            EvalWorker,
+            (job,),
+            list(range(len(methods))),
+            cfg.launcher.workers or 2,
+            lambda i, out: results.__setitem__(i, out),
+            address=cfg.launcher.ray_address,
+            gpus_per_worker=1 if torch.cuda.is_available() else 0,
+        )
+        for i in range(len(methods)):
+            rows.extend(results[i])
+        return rows
+    worker = EvalWorker(job)
+    for i in tqdm(range(len(methods)), desc="evaluate", unit="method", dynamic_ncols=True):
+        rows.extend(worker.run(i))
+    return rows

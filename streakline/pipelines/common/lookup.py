@@ -1,0 +1,165 @@
+"""Where each stage's artifact lives, and how a later stage finds it.
+
+A stage's run folder is ``<run_root>/<experiment>/<stage>/<hash of its run key>/``; the key is what the artifact
+depends on and nothing else. The keys of the stages whose artifacts other stages read live here, so the producer
+and its consumers compute the same folder without importing each other:
+
+| artifact | key | found by |
+|---|---|---|
+| trajectories (``shards/``) | ``trajectories_key`` | ``trajectories_dir`` (stage=distill) |
+| SPOT order model (``order_model/``) | ``spot_key`` | ``locate_order_model`` (decoder=spot, stage=evaluate) |
+| Spiffy graph (``graph.json``) | ``spiffy_key`` | ``locate_graph`` (decoder=spiffy, stage=evaluate) |
+| distilled drafters (``drafter/``) | the distill stage's own key | ``distill_runs`` (stage=evaluate, stage=sweep) |
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from streakline.artifacts import ArtifactError, config_hash, find_complete, read_manifest, run_dir
+from streakline.models import CheckpointError
+
+from .roles import required_tokenizer
+
+GRAPH = "graph.json"
+ORDER_MODEL = "order_model"
+# Bump when stage=spiffy's code changes what a config produces (prompt encoding, trace pairing), so that an old run
+# with the same settings is not reused.
+SPIFFY_RECIPE = 1
+
+
+# --------------------------------------------------------------------------------------------- trajectories
+def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
+    """What the trajectories depend on, and nothing else (the decoder or trainer settings do not move the folder)."""
+    node = cfg.model.verifier
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+
+
+def trajectories_dir(cfg: DictConfig) -> Path:
+    """The shard folder ``stage=trajectories`` writes for ``cfg`` (same verifier, tokenizer, data settings, seed).
+
+    ``cfg`` must already point at its world (``attach_world``), as every stage's does when the runner calls it.
+    """
+    from streakline.models.tokenizer import tokenizer_hash
+
+    key = trajectories_key(cfg, tokenizer_hash(required_tokenizer(cfg, "verifier", "trajectories")))
+    return run_dir(cfg.run_root, cfg.experiment.name, "trajectories", config_hash(key)) / "shards"
+
+
+# --------------------------------------------------------------------------------------------- spot / spiffy
+def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
+    """What an order model depends on: the target preset (its folder included), its tokenizer, and ``spot.*``."""
+    from streakline.models.tokenizer import tokenizer_hash
+
+    return {
+        "target": OmegaConf.to_container(cfg.model.target, resolve=True),
+        "tokenizer": tokenizer_hash(tokenizer),
+        "spot": OmegaConf.to_container(cfg.spot, resolve=True),
+        "prompt_format": "prompt_text",  # raw text, as decode / evaluate encode prompts (was the chat template)
+    }
+
+
+def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
+    """What a graph depends on: the target preset (its folder included), its tokenizer, ``spiffy.*``, the recipe."""
+    from streakline.models.tokenizer import tokenizer_hash
+
+    return {
+        "target": OmegaConf.to_container(cfg.model.target, resolve=True),
+        "tokenizer": tokenizer_hash(tokenizer),
+        "spiffy": OmegaConf.to_container(cfg.spiffy, resolve=True),
+        "recipe": SPIFFY_RECIPE,
+    }
+
+
+def locate_order_model(cfg: DictConfig) -> Path:
+    """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set, else this experiment's complete
+    ``stage=spot`` run for the same target and ``spot.*``; CheckpointError saying what to run otherwise."""
+    if cfg.decoder.artifact:
+        folder = Path(cfg.decoder.artifact).expanduser().absolute()
+        if not (folder / "config.json").is_file():
+            raise CheckpointError(
+                f"decoder.artifact={cfg.decoder.artifact} is not an order-model folder (no config.json there); "
+                "point it at the order_model/ folder of a stage=spot run"
+            )
+        return folder
+    key = spot_key(cfg, required_tokenizer(cfg, "target", "spot"))
+    found = _complete_run(cfg, "spot", key, "trained order model", "an order_model folder")
+    return found / ORDER_MODEL
+
+
+def locate_graph(cfg: DictConfig) -> Path:
+    """The graph.json ``decoder=spiffy`` uses: ``decoder.artifact`` (the file, or a folder holding it) if set, else
+    this experiment's complete ``stage=spiffy`` run for the same target and ``spiffy.*``; CheckpointError otherwise."""
+    if cfg.decoder.artifact:
+        path = Path(cfg.decoder.artifact).expanduser().absolute()
+        if path.is_dir():
+            path = path / GRAPH
+        if not path.is_file():
+            raise CheckpointError(
+                f"decoder.artifact={cfg.decoder.artifact} is not a Spiffy graph (no {path.name} there); point it at "
+                "the graph.json of a stage=spiffy run"
+            )
+        return path
+    key = spiffy_key(cfg, required_tokenizer(cfg, "target", "spiffy"))
+    found = _complete_run(cfg, "spiffy", key, "Spiffy graph", "a graph.json")
+    return found / GRAPH
+
+
+def _complete_run(cfg: DictConfig, stage: str, key: dict[str, Any], what: str, artifact: str) -> Path:
+    """This experiment's complete ``stage`` run for ``key``; CheckpointError saying what to run otherwise."""
+    digest = config_hash(key)
+    found = find_complete(cfg.run_root, cfg.experiment.name, stage, digest)
+    if found is None:
+        raise CheckpointError(
+            f"no {what} for this target and {stage}.* settings (experiment {cfg.experiment.name!r}, hash {digest}); "
+            f"run python launch.py stage={stage} model={cfg.model.name} first (with the same {stage}.* overrides), "
+            f"or set decoder.artifact=<{artifact}>"
+        )
+    return found
+
+
+def locate_block_artifact(cfg: DictConfig, decoder: str) -> Path:
+    """The artifact a drafted block decoder (``spot`` or ``spiffy``) reads."""
+    locators = {"spot": locate_order_model, "spiffy": locate_graph}
+    if decoder not in locators:
+        raise ValueError(f"decoder={decoder} reads no stage artifact; valid: {', '.join(locators)}")
+    return locators[decoder](cfg)
+
+
+# --------------------------------------------------------------------------------------------- distill
+def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Complete ``stage=distill`` runs of this experiment: ``{"folder", "method", "steps", "decoder_streak"}``,
+    oldest first. Intermediate checkpoints (``checkpoints/step-*``) are the sweep's business."""
+    runs = []
+    for manifest_path in sorted(Path(cfg.run_root, cfg.experiment.name, "distill").glob("*/manifest.json")):
+        try:
+            m = read_manifest(manifest_path.parent)
+        except ArtifactError:
+            continue
+        if m.status != "complete" or not (manifest_path.parent / "drafter").is_dir():
+            continue
+        streaks = [v for k, v in m.metrics.items() if k.endswith("/decoder_streak") and isinstance(v, int | float)]
+        runs.append(
+            {
+                "folder": str(manifest_path.parent),
+                "method": m.config.get("method", {}).get("name", "distilled"),
+                "steps": m.metrics.get("steps"),
+                "decoder_streak": sum(streaks) / len(streaks) if streaks else None,
+                "finished_at": m.finished_at,
+            }
+        )
+    return sorted(runs, key=lambda r: r["finished_at"])
+
+
+# --------------------------------------------------------------------------------------------- chains of stages
+def stage_overrides(cfg: DictConfig, entry: str) -> tuple[str, list[str]]:
+    """(stage name, overrides to compose it with) for one chained entry such as ``"distill method=ar_distill"``:
+    the command line's overrides without its ``stage=``, then the entry's own."""
+    name, *extra = shlex.split(entry)
+    base = [o for o in cfg.overrides if o.split("=", 1)[0].lstrip("+~") != "stage"]
+    return name, [*base, f"stage={name}", *extra]

@@ -1,0 +1,70 @@
+"""Model roles as the stages load them: the device, a role's tokenizer, the block-diffusion target.
+
+tokenizer = role_tokenizer(cfg, "verifier")       # None when the role has no tokenizer folder
+target = block_target(cfg, "spot", device())       # refuses a target without block-causal attention
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from streakline.config import ConfigError
+from streakline.models import build
+from streakline.models.tokenizer import has_tokenizer, load_tokenizer, tokenizer_hash
+
+
+def device() -> str:
+    """Where the stages put their models: the GPU when there is one."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def role_tokenizer(cfg: DictConfig, role: str):
+    """The role's tokenizer (its ``tokenizer`` folder, else its checkpoint folder), or None if it has none."""
+    node = cfg.model[role]
+    folder = node.tokenizer or node.path
+    if folder is not None and not has_tokenizer(folder):
+        raise ConfigError(
+            f"model.{role} reads its tokenizer from {folder}, which holds no tokenizer.json / tokenizer_config.json; "
+            f"set model.{role}.tokenizer=<folder with the tokenizer>"
+        )
+    if folder is None:
+        if cfg.prompt is not None:
+            raise ConfigError(
+                f"model.{role} has no tokenizer folder to encode prompt= with; set model.{role}.tokenizer=<folder> "
+                "or pass raw ids with prompt_ids=[...]"
+            )
+        return None
+    return load_tokenizer(folder)
+
+
+def required_tokenizer(cfg: DictConfig, role: str, stage: str):
+    """The role's tokenizer, for a stage that cannot run without one (it encodes prompts for that role)."""
+    tok = role_tokenizer(cfg, role)
+    if tok is None:
+        raise ConfigError(f"stage={stage} needs the {role}'s tokenizer; set model.{role}.tokenizer=<folder>")
+    return tok
+
+
+def block_target(cfg: DictConfig, stage: str, device: str):
+    """The target model for a stage that decodes it block by block (spot, spiffy); refuses one without block-causal
+    attention."""
+    target = build(cfg.model.target, "target", device=device).eval()
+    if target.config.attention != "block_causal":
+        raise ConfigError(
+            f"stage={stage} needs a block-diffusion target (block_causal attention); model.target attends "
+            f"{target.config.attention!r}"
+        )
+    return target
+
+
+def bridge_tokenizers(cfg: DictConfig, drafter, verifier_tokenizer):
+    """The drafter as is when it shares the verifier's tokenizer, else wrapped to draft through token strings."""
+    from streakline.decoding.cross_tokenizer import CrossTokenizerDrafter, VocabBridge
+
+    drafter_tokenizer = role_tokenizer(cfg, "drafter") if verifier_tokenizer is not None else None
+    if drafter_tokenizer is None or tokenizer_hash(drafter_tokenizer) == tokenizer_hash(verifier_tokenizer):
+        return drafter
+    bridge = VocabBridge(drafter_tokenizer, verifier_tokenizer, drafter_vocab=drafter.model.config.vocab_size)
+    print(f"decode: drafter and verifier tokenizers differ; {bridge.coverage:.0%} of drafter tokens map by string")
+    return CrossTokenizerDrafter(drafter, bridge, verifier_tokenizer, drafter_tokenizer)

@@ -1,0 +1,116 @@
+"""The one stage runner: every ``stage=<name>`` goes through :func:`run_stage`, which does what all stages share.
+
+    python launch.py stage=spot model=tiny     # -> run_stage(cfg) -> STAGE.run(cfg, stage_run) in pipelines/spot.py
+
+A stage module holds one :class:`Stage` object named ``STAGE``: its name, the config nodes it owns, ``check``
+(validation before any work), ``key`` (what its artifact depends on; None for stages that keep no artifact),
+``run`` (the recipe, top-down), ``reuse`` (the result of a complete earlier run with the same key) and ``report``
+(what it prints). The runner, in order:
+
+1. points the tiny world's roles at their checkpoints, building the world if needed (``world.attach_world``);
+2. ``stage.check(cfg)``;
+3. ``stage.key(cfg)``; with a key, looks for a complete run of this experiment with the same hash and, if found
+   and not damaged (``stage.damage``), returns ``stage.reuse`` of it (flagged ``cached``) without redoing the work;
+4. otherwise runs ``stage.run(cfg, stage_run)`` inside a ``StageRun``, whose manifest is written last;
+5. ``stage.report(result)``, for a fresh and a reused result alike.
+
+Every stage returns a :class:`StageResult`, which is what ``stage=pipeline`` and ``stage=sweep`` read.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from omegaconf import DictConfig
+
+from streakline.artifacts import StageRun, config_hash, find_complete, run_dir
+
+
+@dataclass
+class StageResult:
+    """What a stage produced. ``folder``: its run folder; ``artifact``: the main output a later stage or a user
+    reads (``drafter/``, ``shards/``, ``order_model/``, ``graph.json``, ``results.json``, ...); ``metrics``: the
+    numbers it measured; ``cached``: reused from an earlier complete run; ``details``: anything else the stage
+    returns (evaluate's records and figures, decode's tokens)."""
+
+    stage: str
+    folder: Path | None = None
+    artifact: Path | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    cached: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Stage:
+    """One stage of the pipeline; subclass it in ``pipelines/<name>.py`` and expose the instance as ``STAGE``."""
+
+    name: ClassVar[str]
+    # The config nodes this stage owns (its settings); documentation, and what `stage=<name> --help` would show.
+    settings: ClassVar[tuple[str, ...]] = ()
+    # Point the tiny world's roles at their checkpoints first (every stage that loads a model).
+    needs_world: ClassVar[bool] = True
+    # Under torchrun every rank runs the stage; only rank 0 writes the manifest.
+    ranked: ClassVar[bool] = False
+
+    def check(self, cfg: DictConfig) -> None:
+        """Raise ``ConfigError`` for settings this stage cannot run with; before any work is done."""
+
+    def key(self, cfg: DictConfig) -> dict[str, Any] | None:
+        """What this stage's artifact depends on (its run folder is the hash of it); None: no artifact, no cache."""
+        return None
+
+    def damage(self, cfg: DictConfig, folder: Path) -> str | None:
+        """Why the complete run in ``folder`` cannot be reused as is (a damaged output), or None."""
+        return None
+
+    def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
+        """The result of a complete earlier run in ``folder`` (same key)."""
+        raise NotImplementedError(f"stage {self.name} keeps artifacts but cannot reuse them")
+
+    def run(self, cfg: DictConfig, stage_run: StageRun | None) -> StageResult:
+        """The recipe. ``stage_run`` is the open run (folder, outputs, metrics) when ``key`` gave one, else None."""
+        raise NotImplementedError
+
+    def report(self, result: StageResult) -> None:
+        """Print what a user wants to see of ``result`` (fresh or reused)."""
+
+
+def is_main_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run_stage_object(stage: Stage, cfg: DictConfig) -> StageResult:
+    """Run ``stage`` on ``cfg`` (validated, paths absolute) the way every stage runs; see the module docstring."""
+    if stage.needs_world:
+        from streakline.world import attach_world
+
+        attach_world(cfg)
+    stage.check(cfg)
+    key = stage.key(cfg)
+    if key is None:
+        result = stage.run(cfg, None)
+    else:
+        digest = config_hash(key)
+        done = find_complete(cfg.run_root, cfg.experiment.name, stage.name, digest)
+        problem = None if done is None else stage.damage(cfg, done)
+        if problem is not None:
+            print(f"{stage.name}: the complete run at {done} is damaged ({problem}); redoing what is missing")
+        if done is not None and problem is None:
+            print(f"{stage.name}: reusing the complete run with these settings: {done}")
+            result = stage.reuse(cfg, done)
+            result.cached = True
+        elif stage.ranked and not is_main_rank():
+            # other ranks work in the same folder but leave the manifest to rank 0
+            run_dir(cfg.run_root, cfg.experiment.name, stage.name, digest)
+            result = stage.run(cfg, StageRun(cfg.run_root, cfg.experiment.name, stage.name, key))
+        else:
+            with StageRun(cfg.run_root, cfg.experiment.name, stage.name, key) as stage_run:
+                result = stage.run(cfg, stage_run)
+    if not isinstance(result, StageResult):
+        raise TypeError(f"stage {stage.name} returned {type(result).__name__}, not a StageResult")
+    if not stage.ranked or is_main_rank():
+        stage.report(result)
+    return result
