@@ -199,7 +199,7 @@ def test_distill_submitted_through_hydra_submitit(slurm, default_partition, micr
     # it ran inside that Slurm job and wrote the drafter
     out = (job_dir / f"{job_id}_0_log.out").read_text()
     assert f"JobEnvironment(job_id={job_id}," in out, out[-2000:]
-    found = re.search(r"distill: drafter written to (\S+)", out)
+    found = re.search(r"distill: drafter in (\S+)", out)
     assert found, _job_logs(sweep)
     drafter = Path(found.group(1))
     run = drafter.parent
