@@ -468,6 +468,32 @@ def mdm_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
     return _output(-weighted.sum() / inp.valid.sum().clamp(min=1), ell, inp.valid)
 
 
+# A stored top-k teacher covers k ids; everything else is one lumped bucket whose mass is 1 minus the mass on the k
+# ids. That remainder comes from a difference of nearly equal numbers when the k ids hold almost everything (float16
+# log-probs of the teacher, an fp32 normaliser over the drafter's vocabulary), so below REST_FLOOR it is rounding
+# noise: both sides' remainders are floored there, which keeps log(rest) finite in values and gradients and makes
+# the bucket contribute exactly 0 when both remainders are that small (k = V in particular).
+REST_FLOOR = 1e-6
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """``log(1 - exp(x))`` for x < 0, accurate near 0 and for very negative x (both branches stay finite)."""
+    return torch.where(x > -math.log(2.0), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def _lump_rest(logx: Tensor) -> Tensor:
+    """``[M, k]`` log-probabilities of k ids (of a distribution over a larger vocabulary) -> ``[M, k + 1]``, the
+    last entry the log of the mass on every other id, ``log(1 - Σ_k x)``, at least ``log(REST_FLOOR)``.
+
+    Where the k ids hold more than ``1 - REST_FLOOR`` (rounding, or padding rows with a repeated id) they are scaled
+    down to exactly that, so the k + 1 entries always form a distribution.
+    """
+    cap = math.log1p(-REST_FLOOR)
+    inside = logx.logsumexp(-1, keepdim=True)
+    excess = (inside - cap).clamp(min=0.0)
+    return torch.cat([logx - excess, _log1mexp(torch.minimum(inside, torch.full_like(inside, cap)))], -1)
+
+
 _NO_TEACHER = (
     "{loss} needs the verifier's distribution: store top-k logprobs with data.topk_logprobs=20 in "
     "stage=trajectories, or use method.teacher=online"
@@ -479,8 +505,11 @@ def _teacher_divergence(inp: LossInput, settings: LossSettings, loss: str, rows:
     the drafter's label log-probs, 0 at invalid slots.
 
     With full ``teacher_logits`` the divergence runs over the whole vocabulary (chunked). With top-k
-    ``teacher_ids``/``teacher_logprobs`` both p and q are restricted to the teacher's k ids and renormalised there:
-    the practical approximation DistillSpec-style training on stored log-probs uses (exact when k = V).
+    ``teacher_ids``/``teacher_logprobs`` (the verifier's log_softmax over its full vocabulary at k distinct ids, as
+    stage=trajectories stores them) it runs over k + 1 buckets: the k ids, with p as stored and q the drafter's
+    full-vocabulary probabilities there (not renormalised), plus one bucket for every other id, holding the rest
+    of each side's mass (``_lump_rest``). So mass the drafter puts outside the teacher's top-k is penalised. By the
+    data-processing inequality this is a lower bound on the full-vocabulary divergence, equal to it when k = V.
     """
     if settings.divergence not in DIVERGENCES:
         raise ValueError(f"unknown divergence {settings.divergence!r}; valid: {sorted(DIVERGENCES)}")
@@ -514,10 +543,12 @@ def _teacher_divergence(inp: LossInput, settings: LossSettings, loss: str, rows:
                 f"teacher_ids and teacher_logprobs must both be [N, G, k], got {tuple(inp.teacher_ids.shape)} "
                 f"and {tuple(inp.teacher_logprobs.shape)}"
             )
-        # Invalid slots may hold padding (-inf log-probs, junk ids); give them a harmless uniform teacher so no
-        # NaN appears even in terms that are masked away (NaN * 0 would still poison gradients).
+        # Invalid slots may hold padding (-inf log-probs, junk ids); give them a harmless finite teacher (id 0,
+        # log-prob 0, which _lump_rest scales down to a valid distribution) so no NaN appears even in terms that
+        # are masked away (NaN * 0 would still poison gradients). Stored float16 log_softmax can round to a hair
+        # above 0; no probability is above 1.
         ids = torch.where(valid[..., None], ids, 0).reshape(N * G, -1)
-        logp = torch.where(valid[..., None], logp.float(), 0.0).reshape(N * G, -1)
+        logp = torch.where(valid[..., None], logp.float().clamp(max=0.0), 0.0).reshape(N * G, -1)
         both = chunked_logprobs(
             flat_h,
             inp.weight,
@@ -526,7 +557,7 @@ def _teacher_divergence(inp: LossInput, settings: LossSettings, loss: str, rows:
             chunk=settings.chunk,
         )
         ell = both[:, 0].detach()
-        terms = divergence_terms(settings.divergence, logp.log_softmax(-1), both[:, 1:].log_softmax(-1), settings.beta)
+        terms = divergence_terms(settings.divergence, _lump_rest(logp), _lump_rest(both[:, 1:]), settings.beta)
         div = terms.sum(-1)
     else:
         raise ValueError(_NO_TEACHER.format(loss=loss))
@@ -539,8 +570,9 @@ def distillspec_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
     """``Σ_j v_j D(p_j || q_j)`` averaged over each window's valid slots, then over windows (DistillSpec).
 
     ``settings.divergence`` ∈ fkl, rkl, jsd (``settings.beta``), tvd. The teacher is ``inp.teacher_logits`` (full
-    vocabulary) or the stored top-k (``teacher_ids``/``teacher_logprobs``, both p and q renormalised on the k ids);
-    see ``_teacher_divergence``."""
+    vocabulary) or the stored top-k (``teacher_ids``/``teacher_logprobs``: p and the drafter's full-vocabulary q on
+    the k ids, plus one lumped bucket each for the mass outside them, a lower bound exact at k = V); see
+    ``_teacher_divergence``."""
     div, ell = _teacher_divergence(inp, settings, "distillspec", slice(None))
     per_window = div.sum(1) / inp.valid.sum(1).clamp(min=1)
     mean_div = float(div.detach().sum() / inp.valid.sum().clamp(min=1))

@@ -246,12 +246,18 @@ def _divergence(name, p, q, beta):
 
 
 def _distill_reference(name, hidden, weight, teacher, valid, beta, topk_ids=None, slot1=False):
-    """The distillspec / ar_distill formula from explicit probabilities (float64, differentiable)."""
+    """The distillspec / ar_distill formula from explicit probabilities (float64, differentiable). With
+    ``topk_ids`` the ``teacher`` holds stored log-probs: p is their exp on the k ids (not renormalised), q the
+    drafter's full-vocabulary probabilities there, and one more bucket per side holds the mass on every other id
+    (for q summed over those ids directly, not taken as a remainder)."""
     q = torch.softmax(hidden @ weight.T / TEMP, -1)
-    p = torch.softmax(teacher.double(), -1)
-    if topk_ids is not None:
-        p, q = p.gather(-1, topk_ids), q.gather(-1, topk_ids)
-        p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    if topk_ids is None:
+        p = torch.softmax(teacher.double(), -1)
+    else:
+        outside = torch.ones_like(q, dtype=torch.bool).scatter(-1, topk_ids, False)
+        p_k = teacher.double().exp().gather(-1, topk_ids)
+        p = torch.cat([p_k, 1 - p_k.sum(-1, keepdim=True)], -1)
+        q = torch.cat([q.gather(-1, topk_ids), torch.where(outside, q, 0.0).sum(-1, keepdim=True)], -1)
     d = torch.where(valid, _divergence(name, p, q, beta), 0.0)
     if slot1:
         return d[:, 0].sum() / valid[:, 0].sum()
@@ -285,7 +291,11 @@ def test_distillation_matches_formula_values_and_gradients(name, teacher_kind, l
     assert out.metrics["divergence"] > 0
 
 
-def test_fkl_on_full_logits_equals_topk_with_k_equal_v():
+@pytest.mark.parametrize("name", sorted(DIVERGENCES))
+@pytest.mark.parametrize("loss", ["distillspec", "ar_distill"])
+def test_topk_with_k_equal_v_equals_full_vocabulary(name, loss):
+    """At k = V the stored top-k is the whole teacher and the lumped rest bucket is empty on both sides, so the
+    top-k path must give the full-vocabulary divergence, values and gradients (both paths compute in fp32)."""
     hidden, weight, labels, valid, teacher = _case(7)
     order = teacher.argsort(-1, descending=True)  # k = V, in the order a top-k store would keep them
     results = []
@@ -294,11 +304,69 @@ def test_fkl_on_full_logits_equals_topk_with_k_equal_v():
         {"teacher_ids": order, "teacher_logprobs": teacher.log_softmax(-1).gather(-1, order)},
     ):
         h, w = _leaves(hidden, weight)
-        out = _run("distillspec", h, w, labels, valid, divergence="fkl", **kw)
+        out = _run(loss, h, w, labels, valid, divergence=name, beta=0.3, **kw)
         out.loss.backward()
         results.append((out.loss.detach(), h.grad, w.grad))
     for full, topk in zip(*results, strict=True):
         torch.testing.assert_close(full, topk, rtol=1e-5, atol=1e-6)
+
+
+FREE = 0  # the drafter id whose logit _drafter_with_a_free_logit lets a test raise
+
+
+def _drafter_with_a_free_logit(seed, k):
+    """A drafter whose logit of id ``FREE`` can be raised for every slot at once (hidden coordinate 0 is 1, so
+    ``weight[FREE, 0]`` shifts that logit alone), and a stored top-k teacher with exactly the drafter's shape on
+    its k ids: the drafter's own top k (``FREE`` excluded), every other logit lowered by 3."""
+    hidden, weight, labels, valid, _ = _case(seed)
+    hidden[..., 0] = 1.0
+    logits = hidden @ weight.T / TEMP
+    ids = logits.index_fill(-1, torch.tensor([FREE]), -math.inf).topk(k, -1).indices
+    teacher = torch.where(torch.zeros_like(logits, dtype=torch.bool).scatter(-1, ids, True), logits, logits - 3.0)
+    return hidden, weight, labels, valid, ids, teacher.log_softmax(-1).gather(-1, ids)
+
+
+@pytest.mark.parametrize("name", sorted(DIVERGENCES))
+@pytest.mark.parametrize("loss", ["distillspec", "ar_distill"])
+def test_topk_loss_sees_drafter_mass_outside_the_teacher_topk(name, loss):
+    """q's shape on the teacher's k ids matches p's, but the drafter keeps more mass outside them than the teacher.
+    Renormalising q on the k ids would hide that (loss 0, and 0 again after the drafter moves even more mass out);
+    with q over the full vocabulary and one lumped rest bucket the loss is positive, grows when the logit of an id
+    outside the top-k is raised, and its gradient pushes that logit down."""
+    hidden, weight, labels, valid, ids, logp = _drafter_with_a_free_logit(12, k=5)
+    kw = {"teacher_ids": ids, "teacher_logprobs": logp, "divergence": name, "beta": 0.3}
+    h, w = _leaves(hidden, weight)
+    before = _run(loss, h, w, labels, valid, **kw)
+    before.loss.backward()
+    assert before.loss.item() > 5e-3
+    assert w.grad[FREE, 0] > 0  # gradient descent lowers the logit of the id outside the top-k
+    moved = weight.clone()
+    moved[FREE, 0] += 2.0  # raises that logit by 2 / TEMP in every slot; the other logits stay as they were
+    after = _run(loss, hidden, moved, labels, valid, **kw)
+    assert after.loss.item() > 1.5 * before.loss.item()
+
+
+@pytest.mark.parametrize("name", sorted(DIVERGENCES))
+def test_topk_padding_and_float16_rounding_stay_finite(name):
+    """Invalid slots padded with -inf log-probs and out-of-range ids; valid slots whose float16 log-probs sum to
+    more than 1 or sit a hair above 0 (as rounding leaves them), or put all the mass on the k ids: the loss and its
+    gradients stay finite."""
+    hidden, weight, labels, valid, teacher = _case(13)
+    k = 4
+    ids = teacher.topk(k, -1).indices
+    logp = teacher.log_softmax(-1).gather(-1, ids).half()
+    logp[0, 0] = torch.tensor([0.0, -20.0, -20.0, -20.0]).half()  # the k ids hold everything: no rest mass
+    logp[0, 1] = torch.tensor([5e-4, -9.0, -9.0, -9.0]).half()  # a hair above 0: p sums to more than 1
+    logp[0, 2] = torch.tensor([-0.6931, -0.6931, -12.0, -12.0]).half()  # two halves, rounded up past 1 in total
+    logp[~valid] = -math.inf
+    ids[~valid] = torch.tensor([-1, V + 5, 0, 0])
+    for loss in ("distillspec", "ar_distill"):
+        h, w = _leaves(hidden, weight)
+        out = _run(loss, h, w, labels, valid, divergence=name, teacher_ids=ids, teacher_logprobs=logp)
+        out.loss.backward()
+        assert torch.isfinite(out.loss) and out.loss.item() >= 0
+        assert torch.isfinite(h.grad).all() and torch.isfinite(w.grad).all()
+        assert (h.grad[~valid] == 0).all()
 
 
 @pytest.mark.parametrize("name", sorted(DIVERGENCES))

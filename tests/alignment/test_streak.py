@@ -1,19 +1,23 @@
-"""Simulated streak: the packed drafter forward scores every window as a one-window forward would."""
+"""Simulated streak: drafts equal the decoder's own drafter (packed or one forward per window), streaks equal what
+exact-greedy verification accepts, and alpha_j counts only windows long enough to reach slot j."""
 
 import pytest
 import torch
 
-from streakline.alignment.streak import simulated_streak
+from streakline.alignment.streak import _streaks, alpha_counts, draft_argmax, simulated_streak
 from streakline.alignment.windows import window_input
+from streakline.decoding.drafters import DiffusionDrafter
 from streakline.models import Transformer
 from tests.models.helpers import VOCAB, tiny_config
 
 MASK = VOCAB - 1
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _direct(drafter, verifier, trajectories, gamma):
     """One forward per window, streaks and α by plain loops: the definition, without packing."""
-    streaks, soft = [], []
+    streaks, soft, room = [], [], []
     for prompt, completion in trajectories:
         clean = torch.tensor(prompt + completion)
         for i in range(len(completion)):
@@ -35,7 +39,8 @@ def _direct(drafter, verifier, trajectories, gamma):
                 soft_s += p_run
             streaks.append(s)
             soft.append(soft_s)
-    return sum(streaks) / len(streaks), sum(soft) / len(soft), streaks
+            room.append(min(gamma, len(clean) - offset))  # slots inside the completion
+    return sum(streaks) / len(streaks), sum(soft) / len(soft), streaks, room
 
 
 def test_packed_streak_equals_direct_definition():
@@ -52,10 +57,85 @@ def test_packed_streak_equals_direct_definition():
         own = drafter(ids[None], prefix_len=prefix)[0, 3:].argmax(-1).tolist()
     trajectories.append((prompt, own))
     stats = simulated_streak(drafter, trajectories, gamma=4, mask_id=MASK, verifier=verifier)
-    mean, soft, streaks = _direct(drafter, verifier, trajectories, 4)
+    mean, soft, streaks, room = _direct(drafter, verifier, trajectories, 4)
     assert abs(stats["mean_streak"] - mean) < 1e-6 and abs(stats["mean_soft_streak"] - soft) < 1e-5
     assert stats["windows"] == len(streaks) == 11
     assert max(streaks) == 4  # the first window of the second trajectory is fully accepted
-    reach = [sum(s >= j for s in streaks) for j in range(5)]
-    expected = [reach[j] / reach[j - 1] if reach[j - 1] else 0.0 for j in range(1, 5)]
+    # alpha_j over the windows whose slot j exists: reached j / reached j-1
+    tried = [sum(s >= j - 1 and r >= j for s, r in zip(streaks, room, strict=True)) for j in range(1, 5)]
+    kept = [sum(s >= j for s in streaks) for j in range(1, 5)]
+    expected = [k / t if t else 0.0 for k, t in zip(kept, tried, strict=True)]
     assert stats["alpha"] == pytest.approx(expected, abs=1e-6)
+
+
+def _decoder_draft(drafter_model, prefix, gamma):
+    """The draft the decoder's own diffusion drafter proposes after ``prefix`` at temperature 0 (a fresh decode)."""
+    drafter = DiffusionDrafter(drafter_model, temperature=0.0)
+    drafter.reset(1, len(prefix) + gamma + 4)
+    proposal = drafter.propose(torch.tensor([prefix]), None, gamma=gamma, K=1, generator=None, iid=False)
+    return proposal.tokens[0, 0].tolist()
+
+
+def _accepted(draft, completion, i, gamma):
+    """Tokens exact-greedy verification keeps when the verifier's greedy continuation is ``completion``: the leading
+    matches, and never past the completion's end."""
+    n = 0
+    for j in range(min(gamma, len(completion) - i)):
+        if draft[j] != completion[i + j]:
+            break
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize(
+    "mode,shift", [("full", False), ("full", True), ("prefix_causal", False), ("prefix_causal", True)]
+)
+def test_drafts_and_streaks_equal_the_decoders(mode, shift):
+    gamma = 4
+    cfg = tiny_config("qwen2", attention=mode, shift=shift, mask_token_id=MASK)
+    drafter = Transformer(cfg).init_weights(seed=5, std=0.2).eval()
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 90, (4,), generator=g).tolist()
+    # Half of the completion is the drafter's own draft from the prompt, so several windows have long streaks.
+    completion = _decoder_draft(drafter, prompt, gamma) + torch.randint(0, 90, (5,), generator=g).tolist()
+    clean = torch.tensor(prompt + completion)
+    offsets = torch.arange(len(prompt), len(clean))
+    draft, labels, valid = draft_argmax(drafter, clean, offsets, gamma, MASK)
+    expected, accepted = [], []
+    for offset in offsets.tolist():
+        ref = _decoder_draft(drafter, clean[:offset].tolist(), gamma)
+        expected.append(ref)
+        accepted.append(_accepted(ref, completion, offset - len(prompt), gamma))
+    assert draft.tolist() == expected
+    streaks = _streaks(((draft == labels) & valid).float())
+    assert streaks.tolist() == accepted
+    assert accepted[0] == gamma and 0 < sum(accepted) < gamma * len(accepted)  # some drafts right, not all
+    stats = simulated_streak(drafter, [(prompt, completion)], gamma=gamma, mask_id=MASK)
+    assert stats["mean_streak"] == pytest.approx(sum(accepted) / len(accepted))
+    assert stats["windows"] == len(completion)
+
+
+def test_alpha_leaves_out_windows_cut_short_by_the_completion():
+    # Five windows A..E. A, B, C sit at the end of a completion (3, 2, 1 slots inside it) and are right on every
+    # one; D and E have all 4 slots and are rejected at slot 2 and slot 1.
+    valid = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    streaks = torch.tensor([3.0, 2.0, 1.0, 1.0, 0.0])
+    accepted, tried = alpha_counts(streaks, valid)
+    assert accepted.tolist() == [4, 2, 1, 0]  # slot 1: A-D; slot 2: A, B; slot 3: A
+    # slot 2 is tried by A, B, D (C has no slot 2); slot 3 by A alone; slot 4 by nobody (A ends at 3, D and E
+    # stopped early). Counting every window whose streak reaches j-1 would give 5, 4, 2, 1.
+    assert tried.tolist() == [5, 3, 1, 0]
+
+
+@pytest.mark.parametrize("mode", ["full", "prefix_causal"])
+def test_alpha_of_a_perfect_drafter_is_one_even_on_short_completions(mode):
+    gamma = 4
+    drafter = Transformer(tiny_config("qwen2", attention=mode, mask_token_id=MASK)).init_weights(seed=2, std=0.2).eval()
+    with torch.no_grad():  # every token embeds alike: the drafter predicts one token t everywhere
+        drafter.embed.weight.copy_(drafter.embed.weight[0].expand_as(drafter.embed.weight))
+    t = _decoder_draft(drafter, [1, 2], gamma)[0]
+    trajectories = [([1, 2, 3], [t] * 6), ([4], [t] * 2), ([5, 6], [t])]  # two completions shorter than gamma
+    stats = simulated_streak(drafter, trajectories, gamma=gamma, mask_id=MASK)
+    assert stats["alpha"] == [1.0] * gamma
+    streaks = [min(gamma, n - i) for n in (6, 2, 1) for i in range(n)]
+    assert stats["windows"] == len(streaks) and stats["mean_streak"] == pytest.approx(sum(streaks) / len(streaks))
