@@ -66,9 +66,8 @@ def main() -> None:
 
     def methods_at(T: float) -> dict:
         # A Spiffy graph is calibrated for one temperature (stage=spiffy, cached); the order model serves any.
-        over = [f"model={args.model}", f"spiffy.temperature={T}"]
-        run_stage(compose_config(["stage=spiffy", *over]))
-        graph = spiffy_graph(compose_config(["stage=decode", *over]))
+        run_stage(compose_config(["stage=spiffy", f"model={args.model}", f"stage.temperature={T}"]))
+        graph = spiffy_graph(cfg, temperature=T)
         return {
             "static": ("static", None),
             "threshold": ("threshold", None),

@@ -49,9 +49,9 @@ def main() -> None:
 def _app(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    cfg = as_schema(cfg)
-    cfg.overrides = list(HydraConfig.get().overrides.task)
     try:
+        cfg = as_schema(cfg)
+        cfg.overrides = list(HydraConfig.get().overrides.task)
         validate(cfg)
     except ConfigError as err:
         _fail(f"invalid config: {err}")

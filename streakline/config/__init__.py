@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.config.overrides import OverrideError, rewrite_overrides
-from streakline.config.schema import Config, register_configs
+from streakline.config.schema import STAGE_SCHEMAS, Config, register_configs
 from streakline.config.validate import ConfigError, check_world, resolve_paths, validate
 
 # conf/ sits beside the package in the source tree; the package is meant to be installed editable.
@@ -43,9 +43,23 @@ def as_schema(cfg: DictConfig | dict) -> DictConfig:
     Hydra's composition already starts from the schema, but ``+key=value`` overrides add keys with struct
     mode lifted, and a config-typed node merged onto the schema keeps them; going through a plain container
     makes every key face the dataclass again, however ``cfg`` was produced (a saved manifest, a dict).
+
+    The running stage's node is typed by its settings schema (``STAGE_SCHEMAS``), and ``settings.<stage>`` (what
+    ``stage.<key>=`` overrides and experiment files set) is applied over it: ``cfg.stage`` is then the one place a
+    stage reads its settings from, however it was started.
     """
-    plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else cfg
-    merged = OmegaConf.merge(OmegaConf.structured(Config), plain)
+    plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
+    schema = OmegaConf.structured(Config)
+    name = (plain.get("stage") or {}).get("name")
+    if name in STAGE_SCHEMAS:
+        schema = OmegaConf.merge(schema, {"stage": OmegaConf.structured(STAGE_SCHEMAS[name](name=name))})
+    merged = OmegaConf.merge(schema, plain)
+    own = (plain.get("settings") or {}).get(name)
+    if own:
+        try:
+            merged.stage = OmegaConf.merge(merged.stage, own)
+        except Exception as err:  # OmegaConf's key and type errors: say which override to fix
+            raise ConfigError(f"settings.{name}: {err}".split("\n")[0]) from err
     OmegaConf.set_struct(merged, True)
     return merged
 
@@ -69,7 +83,7 @@ def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictCon
     else:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
             cfg = as_schema(compose(config_name="config", overrides=args))
-    cfg.overrides = list(overrides)
+    cfg.overrides = args  # rewritten: a stage.<key> override is settings.<stage>.<key>, so chained stages read it right
     if check:
         validate(cfg)
         resolve_paths(cfg)

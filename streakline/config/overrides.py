@@ -5,6 +5,10 @@ Two things happen here, for ``streakline.cli`` and for :func:`streakline.config.
 * the role-swap shorthand ``model.verifier=NAME`` (also ``model.drafter``, ``model.target``; NAME a
   file in ``conf/checkpoint/``) becomes ``checkpoint@model.verifier=NAME``, the key under which Hydra
   knows the model preset's package-directive default ``- /checkpoint@verifier: ...``;
+* a stage's settings go to ``settings.<stage>``: ``stage.steps=2000`` (with ``stage=spot``) and
+  ``settings.spot.steps=2000`` both become ``++settings.spot.steps=2000``, checked against that stage's schema
+  (``SpotStage``); ``config.as_schema`` applies ``settings.<stage>`` to ``cfg.stage`` when that stage runs, alone
+  or chained. The old top-level form ``spot.steps=2000`` still works for one release, with a deprecation note;
 * every plain ``a.b.c=value`` key is looked up in the dataclass schema, so a typo such as
   ``trainer.lrr=1`` stops with the valid keys at that level instead of Hydra's bare "Could not override".
 
@@ -17,11 +21,12 @@ Try it: ``python launch.py --cfg job model.verifier=qwen2.5-72b``.
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from pathlib import Path
 
-from streakline.config.schema import ROLES, Config
+from streakline.config.schema import ROLES, STAGE_SCHEMAS, Config
 
 ROLE_KEYS = tuple(f"model.{role}" for role in ROLES)
 CHECKPOINT_GROUP = "checkpoint"
@@ -69,6 +74,7 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
 
     presets = sorted({p for d in conf_dirs for p in group_options(d, CHECKPOINT_GROUP)})
     groups = sorted({g for d in conf_dirs if d.is_dir() for g in config_groups(d)})
+    stage = next((a.split("=", 1)[1] for _, a in overrides if a.split("=", 1)[0].lstrip("+") == "stage"), None)
     out = list(args)
     for position, arg in overrides:
         key, value = arg.split("=", 1)
@@ -77,9 +83,53 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
             out[position] = f"{CHECKPOINT_GROUP}@{key}={value}"
             continue
         plain = key.lstrip("+")
-        if not _passes_through(plain, groups):
+        setting = stage_setting(plain, stage)
+        if setting is not None:
+            out[position] = f"++settings.{setting}={value}"
+        elif not _passes_through(plain, groups):
             check_key(plain, groups)
     return out
+
+
+_WARNED: set[str] = set()
+
+
+def stage_setting(key: str, stage: str | None) -> str | None:
+    """``"<stage>.<key>"`` when the override key ``key`` sets a stage's setting (``stage.<k>`` for ``stage``, the
+    running stage; ``settings.<stage>.<k>``; the deprecated ``<stage>.<k>``), checked against that stage's schema;
+    None for any other key."""
+    head, _, rest = key.partition(".")
+    if head == "stage" and rest:
+        if rest == "name":
+            raise OverrideError("stage.name is set by choosing the stage: use stage=<name>")
+        if stage is None or "," in stage or stage not in STAGE_SCHEMAS:
+            which = "no stage= was given" if stage is None else f"stage={stage} has no settings"
+            if stage is not None and "," in stage:
+                which = f"stage={stage} is a sweep over stages"
+            raise OverrideError(
+                f"{key} sets a setting of the running stage, but {which}; the stages with settings are "
+                f"{', '.join(STAGE_SCHEMAS)} (e.g. stage=spot stage.steps=2000, or settings.spot.steps=2000)"
+            )
+        name = stage
+    elif head == "settings" and rest:
+        name, _, rest = rest.partition(".")
+        if name not in STAGE_SCHEMAS:
+            raise OverrideError(f"settings.{name}: no stage {name!r} has settings; valid: {', '.join(STAGE_SCHEMAS)}")
+        if not rest:
+            raise OverrideError(f"{key} needs a setting, e.g. settings.{name}.<key>=value")
+    elif head in STAGE_SCHEMAS and rest:
+        name = head
+        if key not in _WARNED:  # once per process: stage=pipeline composes every stage from the same overrides
+            _WARNED.add(key)
+            print(
+                f"streakline: {key}= is deprecated and goes in the next release; write stage.{rest}= (with "
+                f"stage={name}) or settings.{name}.{rest}= (from any stage, e.g. stage=pipeline)",
+                file=sys.stderr,
+            )
+    else:
+        return None
+    check_key(rest, root=STAGE_SCHEMAS[name], where=f"stage={name}")
+    return f"{name}.{rest}"
 
 
 def _passes_through(key: str, groups: list[str]) -> bool:
@@ -100,23 +150,30 @@ def _check_presets(key: str, value: str, presets: list[str]) -> None:
             )
 
 
-def check_key(key: str, groups: list[str] | None = None) -> None:
-    """Raise :class:`OverrideError` unless the dotted ``key`` names a field of the :class:`Config` schema.
+def check_key(key: str, groups: list[str] | None = None, root: type = Config, where: str = "") -> None:
+    """Raise :class:`OverrideError` unless the dotted ``key`` names a field of the schema dataclass ``root`` (the
+    :class:`Config` root, or a stage's settings named by ``where`` in messages).
 
     A list field also accepts one integer index (``data.prompt_sources.0``).
     """
     parts = key.split(".")
-    node: type = Config
+    node: type = root
     for depth, part in enumerate(parts):
-        fields = schema_fields(node)
+        fields = {
+            k: v for k, v in schema_fields(node).items() if not (root is not Config and depth == 0 and k == "name")
+        }
         if part not in fields:
-            where = ".".join(parts[:depth])
+            inside = ".".join(parts[:depth])
             valid = ", ".join(fields)
-            if not where:
+            if root is not Config:
+                message = (
+                    f"unknown setting '{key}' of {where}; valid{' under ' + repr(inside) if inside else ''}: {valid}"
+                )
+            elif not inside:
                 groups_hint = f"config groups: {', '.join(groups)}; " if groups else ""
                 message = f"unknown config key '{key}'; {groups_hint}top-level keys: {valid}"
             else:
-                message = f"unknown config key '{key}'; valid keys under '{where}': {valid}"
+                message = f"unknown config key '{key}'; valid keys under '{inside}': {valid}"
             close = difflib.get_close_matches(part, list(fields), n=1)
             raise OverrideError(message + (f" (did you mean '{close[0]}'?)" if close else ""))
         hint = _strip_optional(fields[part])

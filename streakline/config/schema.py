@@ -14,6 +14,7 @@ Run ``python launch.py --cfg job`` to see the composed config, or read docs/conf
 """
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -151,6 +152,12 @@ class ModelConfig:
 
 @dataclass
 class StageConfig:
+    """``cfg.stage``: which stage runs, and (for the stages that have any) that stage's own settings.
+
+    A stage with settings has a subclass below (:data:`STAGE_SCHEMAS`); ``conf/stage/<name>.yaml`` binds it, so
+    ``stage=spot`` composes ``cfg.stage`` as a :class:`SpotStage` and ``stage.steps=2000`` sets one of them.
+    """
+
     name: str = MISSING  # STAGES
 
 
@@ -248,7 +255,7 @@ class DecoderConfig:
 
 
 @dataclass
-class SpotConfig:
+class SpotStage(StageConfig):
     """stage=spot: collect draft-free traces of the target and train the order model (docs/algorithms.md section 8)."""
 
     prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
@@ -292,7 +299,7 @@ class EvalMethodConfig:
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateStage(StageConfig):
     """stage=evaluate: methods x benchmarks x verifier temperatures, with identical prompts and stop rules."""
 
     benchmarks: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])
@@ -313,7 +320,7 @@ class EvaluateConfig:
 
 
 @dataclass
-class SpiffyConfig:
+class SpiffyStage(StageConfig):
     """stage=spiffy: calibrate the draft graph from draft-free traces (docs/algorithms.md section 9)."""
 
     prompt_sources: list[str] = field(default_factory=lambda: ["tiny-math-train", "tiny-code-train"])
@@ -349,7 +356,7 @@ class ExperimentConfig:
 
 
 @dataclass
-class SweepConfig:
+class SweepStage(StageConfig):
     """stage=sweep (experiment=nightly_fig7): evaluate every checkpoint of the experiment's distill runs."""
 
     # distill runs to train (or continue) first, each "method=<name> [overrides]"; empty: evaluate what exists
@@ -368,10 +375,10 @@ class Config:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
-    spot: SpotConfig = field(default_factory=SpotConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
-    sweep: SweepConfig = field(default_factory=SweepConfig)
-    spiffy: SpiffyConfig = field(default_factory=SpiffyConfig)
+    # Settings of stages by name (``settings.spot.steps=2000``), applied over that stage's schema defaults when it
+    # runs, whether alone or chained by stage=pipeline / stage=sweep; an experiment file sets several stages' here.
+    # ``stage.<key>=v`` on the command line is shorthand for ``settings.<running stage>.<key>=v``.
+    settings: dict[str, Any] = field(default_factory=dict)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0
     # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids
@@ -381,6 +388,16 @@ class Config:
     # compose each stage they run from these plus the stage's own overrides
     overrides: list[str] = field(default_factory=list)
 
+
+# The settings dataclass of each stage that has settings (the others' ``cfg.stage`` is a plain StageConfig).
+STAGE_SCHEMAS: dict[str, type[StageConfig]] = {
+    "spot": SpotStage,
+    "spiffy": SpiffyStage,
+    "evaluate": EvaluateStage,
+    "sweep": SweepStage,
+}
+# Where conf/stage/<name>.yaml finds its schema in the ConfigStore (``defaults: [/schema/stage/<name>@_here_]``).
+STAGE_SCHEMA_GROUP = "schema/stage"
 
 # The dataclass behind each config group folder, for tools that check a YAML file against its schema.
 GROUP_SCHEMAS: dict[str, type] = {
@@ -401,4 +418,7 @@ def register_configs() -> None:
 
     Safe to call more than once (the store simply replaces the node).
     """
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=Config)
+    for name, schema in STAGE_SCHEMAS.items():
+        store.store(group=STAGE_SCHEMA_GROUP, name=name, node=schema(name=name))

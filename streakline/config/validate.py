@@ -27,6 +27,7 @@ from streakline.config.schema import (
     PRECISIONS,
     ROLES,
     SELECTIONS,
+    STAGE_SCHEMAS,
     STAGES,
     TEACHERS,
     TRAJECTORY_BACKENDS,
@@ -55,6 +56,7 @@ def validate(cfg: DictConfig) -> None:
     _decoder(cfg)
     _launcher(cfg)
     _experiment(cfg)
+    _settings(cfg)
 
 
 def resolve_paths(cfg: DictConfig) -> DictConfig:
@@ -294,6 +296,19 @@ def _launcher(cfg: DictConfig) -> None:
             f"{cfg.stage.name} would run once per node. Use launcher.nodes=1 (trajectories and evaluate fan out "
             "with launcher=ray instead)"
         )
+
+
+def _settings(cfg: DictConfig) -> None:
+    """Every ``settings.<stage>`` entry names a stage with settings and fits its schema (a typo in an experiment
+    file's settings fails here, not when the chained stage comes up an hour later). Each stage's ``check`` judges
+    the values when it runs."""
+    for name, values in cfg.settings.items():
+        if name not in STAGE_SCHEMAS:
+            raise ConfigError(f"settings.{name}: no stage {name!r} has settings; valid: {', '.join(STAGE_SCHEMAS)}")
+        try:
+            OmegaConf.merge(OmegaConf.structured(STAGE_SCHEMAS[name](name=name)), values)
+        except Exception as err:  # OmegaConf's key and type errors, first line: which key, what was wrong
+            raise ConfigError(f"settings.{name}: {str(err).splitlines()[0]}") from err
 
 
 def _experiment(cfg: DictConfig) -> None:

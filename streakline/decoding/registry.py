@@ -4,7 +4,7 @@ runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_deco
 
     spec, drafter = speculative_setup(cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, seed=0)
     result = generate(verifier, prompts, spec, drafter=drafter)
-    decode = block_decode_config(cfg.spot, eos_token_id=tok.eos_token_id)     # rule, temperature, ... from spot.*
+    decode = block_decode_config(cfg.stage, eos_token_id=tok.eos_token_id)    # rule, temperature, ... of stage=spot
 
 | name | what runs | needs |
 |---|---|---|

@@ -209,8 +209,8 @@ class SpiffyGraph:
         if wrong:
             raise GraphMismatchError(
                 f"this Spiffy graph was calibrated for {', '.join(wrong)}; calibrate one for this decode with "
-                f"`python launch.py stage=spiffy model=... spiffy.rule={rule or h.get('rule')} "
-                f"spiffy.temperature={h.get('temperature') if temperature is None else temperature}` "
+                f"`python launch.py stage=spiffy model=... stage.rule={rule or h.get('rule')} "
+                f"stage.temperature={h.get('temperature') if temperature is None else temperature}` "
                 "or point decoder.artifact at a matching graph.json"
             )
 

@@ -44,7 +44,7 @@ class EvalWorker:
         self.cfg = OmegaConf.create(job["cfg"])
         self.methods: list[EvalMethod] = job["methods"]
         self.prompts = job["prompts"]
-        torch.set_num_threads(max(1, self.cfg.evaluate.threads))
+        torch.set_num_threads(max(1, self.cfg.stage.threads))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self._models: dict[str, Any] = {}
         self.eos = {role: job["eos"].get(role) for role in ("verifier", "target")}
@@ -64,7 +64,7 @@ class EvalWorker:
         method = self.methods[index]
         fam = family(method.decoder)
         out = []
-        temps = [self.cfg.evaluate.grid_temperature] if method.grid else list(self.cfg.evaluate.temperatures)
+        temps = [self.cfg.stage.grid_temperature] if method.grid else list(self.cfg.stage.temperatures)
         for bench, prompts in self.prompts[fam].items():
             for temperature in temps:
                 if isinstance(method.artifact, dict) and str(float(temperature)) not in method.artifact:
@@ -93,7 +93,7 @@ class EvalWorker:
         return {k: method.override(k, self.cfg.decoder.get(k)) for k in DECODER_OVERRIDES}
 
     def _block(self, method: EvalMethod, prompts, temperature: float):
-        ev, pick = self.cfg.evaluate, self._pick(method)
+        ev, pick = self.cfg.stage, self._pick(method)
         rule = method.decoder if method.decoder in BLOCK else pick["rule"]
         decode = block_decode_config(
             self.cfg.decoder, eos_token_id=self.eos["target"], rule=rule, max_new_tokens=ev.max_new_tokens,
@@ -112,7 +112,7 @@ class EvalWorker:
         return run, settings
 
     def _speculative(self, method: EvalMethod, prompts, temperature: float):
-        ev, pick = self.cfg.evaluate, self._pick(method)
+        ev, pick = self.cfg.stage, self._pick(method)
         decoder = OmegaConf.merge(
             self.cfg.decoder,
             {
@@ -180,10 +180,10 @@ def with_references(methods: list[EvalMethod]) -> list[EvalMethod]:
 
 
 def evaluate_methods(cfg: DictConfig, methods: list[EvalMethod], prompts: dict, eos: dict) -> list[dict]:
-    """Run ``methods`` (with their references added) on cfg.evaluate's benchmarks and temperatures; checked,
+    """Run ``methods`` (with their references added) on cfg.stage's benchmarks and temperatures; checked,
     finalised records (without tokens)."""
     methods = with_references(methods)
-    ev = cfg.evaluate
+    ev = cfg.stage
     print(f"evaluate: {len(methods)} methods x {len(ev.benchmarks)} benchmarks x {len(ev.temperatures)} temperatures")
     job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
     rows = _evaluate_all(cfg, job, methods)

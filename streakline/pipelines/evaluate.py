@@ -2,12 +2,12 @@
 losslessness checked on every run; ``results.json``, ``results.md`` and the figures.
 
     python launch.py stage=evaluate model=tiny                       # methods discovered in this experiment
-    python launch.py stage=evaluate model=tiny evaluate.prompts=20 evaluate.temperatures=[0.0]
+    python launch.py stage=evaluate model=tiny stage.prompts=20 stage.temperatures=[0.0]
     python launch.py stage=evaluate model=tiny launcher=ray          # methods fan out over Ray workers
-    python launch.py stage=evaluate model=tiny 'evaluate.methods=[{name: mine, decoder: diffusion_draft,
+    python launch.py stage=evaluate model=tiny 'stage.methods=[{name: mine, decoder: diffusion_draft,
         drafter: /ckpt/my-drafter, K: 4}]'
 
-Methods (``evaluate.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row),
+Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row),
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
 unaligned), every complete ``stage=distill`` run of this experiment (labelled by its method, with its training
 steps), the K x drafter-temperature grid of Fig. 5 on the distilled drafter with the best training-time decoder
@@ -34,33 +34,33 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.results import hardware, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
 
-from .common.lookup import distill_runs, locate_block_artifact
+from .common.lookup import distill_runs, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
 
 class Evaluate(Stage):
     name = "evaluate"
-    settings = ("evaluate", "decoder")
+    settings = ("stage", "decoder")
 
     def check(self, cfg: DictConfig) -> None:
-        if not cfg.evaluate.benchmarks or not cfg.evaluate.temperatures:
-            raise ConfigError("evaluate.benchmarks and evaluate.temperatures must not be empty")
+        if not cfg.stage.benchmarks or not cfg.stage.temperatures:
+            raise ConfigError("stage.benchmarks and stage.temperatures must not be empty")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         """The methods (given or discovered: a new distill run changes the key), the settings and the models."""
-        ev = cfg.evaluate
+        ev = cfg.stage
         methods = [EvalMethod.from_config(m) for m in ev.methods] if ev.methods else discover(cfg)
         return {
             "methods": [m.as_dict() for m in methods],
-            "evaluate": OmegaConf.to_container(ev, resolve=True),
+            "evaluate": stage_settings(cfg),  # the key of runs from before settings moved under stage
             "seed": cfg.seed,
             "decoder": OmegaConf.to_container(cfg.decoder, resolve=True),
             "models": {r: cfg.model[r].get("path") for r in ("verifier", "drafter", "target") if r in cfg.model},
         }
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
-        ev = cfg.evaluate
+        ev = cfg.stage
         methods = [EvalMethod(**m) for m in stage_run.config["methods"]]
         t0 = time.perf_counter()
         prompts, eos = evaluation_inputs(cfg, methods)
@@ -112,7 +112,7 @@ def _result(folder: Path, records: list[dict], figures: dict[str, Path], lossy: 
 
 def discover(cfg: DictConfig) -> list[EvalMethod]:
     """The default method list (see the module docstring)."""
-    ev = cfg.evaluate
+    ev = cfg.stage
     methods = [
         EvalMethod("vanilla", "vanilla"),
         EvalMethod("ar_draft", "ar_draft"),
@@ -143,11 +143,8 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
             # model serves any). A temperature without an artifact loses only its own row; the reason is printed.
             artifacts = {}
             for T in ev.temperatures:
-                local = cfg.copy()
-                if name == "spiffy":
-                    local.spiffy.temperature = float(T)
                 try:
-                    artifacts[str(float(T))] = str(locate_block_artifact(local, name))
+                    artifacts[str(float(T))] = str(locate_block_artifact(cfg, name, float(T)))
                 except Exception as e:  # noqa: BLE001 - a missing artifact only drops the row; say why
                     print(f"evaluate: no {name} row at T={T:g} ({e})")
             if artifacts:
@@ -164,7 +161,7 @@ def _log_wandb(cfg: DictConfig, stage_run: StageRun, records: list[dict], figure
         project=experiment_project(cfg.trainer.wandb_project, cfg.experiment.name),
         run_id=f"evaluate-{stage_run.cfg_hash}",
         name=f"{cfg.experiment.name}/evaluate",
-        config={"evaluate": OmegaConf.to_container(cfg.evaluate, resolve=True)},
+        config={"evaluate": stage_settings(cfg)},
         group="evaluate",
         job_type="evaluate",
     )

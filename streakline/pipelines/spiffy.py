@@ -1,16 +1,16 @@
 """Stage ``spiffy``: calibrate Spiffy's draft graph for a block-diffusion target from draft-free traces.
 
     python launch.py stage=spiffy model=tiny                                    # 50 prompts, D = 10 (docs/spiffy.md)
-    python launch.py stage=spiffy model=tiny spiffy.rule=threshold spiffy.temperature=1.0 spiffy.budget=20
+    python launch.py stage=spiffy model=tiny stage.rule=threshold stage.temperature=1.0 stage.budget=20
 
-Recipe (``Spiffy.run``, top-down; the runner has attached the world, checked ``spiffy.*`` and found no complete run
-with the same key: target preset, tokenizer, ``spiffy.*``, recipe version):
-1. the target and its tokenizer; prompts: ``spiffy.prompts`` split evenly over ``spiffy.prompt_sources``, as raw
+Recipe (``Spiffy.run``, top-down; the runner has attached the world, checked ``stage.*`` and found no complete run
+with the same key: target preset, tokenizer, ``stage.*``, recipe version):
+1. the target and its tokenizer; prompts: ``stage.prompts`` split evenly over ``stage.prompt_sources``, as raw
    text (``prompt_text``) encoded exactly as ``stage=decode`` and ``stage=evaluate`` encode the prompts they decode;
-2. traces: the draft-free decoder (``spiffy.rule``, ``spiffy.temperature`` with coupled noise keyed by
-   ``spiffy.seed``, ``spiffy.max_new_tokens``), top-``spiffy.top_k`` stale tokens per position, with a progress bar;
-3. calibration (``alignment.spiffy.calibrate``: realised (i, j)-sets up to ``spiffy.horizon`` steps ahead, greedy
-   growth to ``spiffy.budget`` nodes);
+2. traces: the draft-free decoder (``stage.rule``, ``stage.temperature`` with coupled noise keyed by
+   ``stage.seed``, ``stage.max_new_tokens``), top-``stage.top_k`` stale tokens per position, with a progress bar;
+3. calibration (``alignment.spiffy.calibrate``: realised (i, j)-sets up to ``stage.horizon`` steps ahead, greedy
+   growth to ``stage.budget`` nodes);
 4. ``graph.json`` (header: target name and decoding config) and ``metrics.json``; the runner writes the manifest.
 
 ``decoder=spiffy`` finds the graph with ``common.lookup.locate_graph``; ``decoding.registry.block_drafter`` builds
@@ -38,22 +38,22 @@ from .runner import Stage, StageResult
 
 class Spiffy(Stage):
     name = "spiffy"
-    settings = ("spiffy",)
+    settings = ("stage",)
 
     def check(self, cfg: DictConfig) -> None:
-        """ConfigError for ``spiffy.*`` values the stage cannot run with."""
-        s = cfg.spiffy
+        """ConfigError for ``stage.*`` values the stage cannot run with."""
+        s = cfg.stage
         if s.rule not in BLOCK:
-            raise ConfigError(f"spiffy.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
+            raise ConfigError(f"stage.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
         if not s.prompt_sources:
-            raise ConfigError("spiffy.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
+            raise ConfigError("stage.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
         for name in ("prompts", "max_new_tokens", "horizon", "budget", "batch_size"):
             if s[name] < 1:
-                raise ConfigError(f"spiffy.{name} must be >= 1, got {s[name]}")
+                raise ConfigError(f"stage.{name} must be >= 1, got {s[name]}")
         if s.top_k < 2:
-            raise ConfigError(f"spiffy.top_k must be >= 2 (token ranks j beyond it cannot be drafted), got {s.top_k}")
+            raise ConfigError(f"stage.top_k must be >= 2 (token ranks j beyond it cannot be drafted), got {s.top_k}")
         if s.temperature < 0:
-            raise ConfigError(f"spiffy.temperature must be >= 0, got {s.temperature}")
+            raise ConfigError(f"stage.temperature must be >= 0, got {s.temperature}")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         return spiffy_key(cfg, required_tokenizer(cfg, "target", self.name))
@@ -62,7 +62,7 @@ class Spiffy(Stage):
         from streakline.alignment.block_traces import collect_traces
         from streakline.alignment.spiffy import calibrate
 
-        s = cfg.spiffy
+        s = cfg.stage
         tokenizer = required_tokenizer(cfg, "target", self.name)
         target = block_target(cfg, self.name, device())
         prompts = encode_records(tokenizer, source_records(s.prompt_sources, s.prompts, self.name))
@@ -113,9 +113,9 @@ def graph_header(cfg: DictConfig, target, decode) -> dict[str, Any]:
         "seed": int(decode.seed),
         "target_path": str(node.path or node.hub_id),
         "block_size": int(target.config.block_size),
-        "prompts": int(cfg.spiffy.prompts),
-        "prompt_sources": list(cfg.spiffy.prompt_sources),
-        "max_new_tokens": int(cfg.spiffy.max_new_tokens),
+        "prompts": int(cfg.stage.prompts),
+        "prompt_sources": list(cfg.stage.prompt_sources),
+        "max_new_tokens": int(cfg.stage.max_new_tokens),
     }
 
 

@@ -1,16 +1,16 @@
 """Stage ``spot``: collect draft-free traces of the block-diffusion target and train SPOT's order model.
 
     python launch.py stage=spot model=tiny                         # 128 prompts, 1200 steps (docs/spot.md)
-    python launch.py stage=spot model=tiny spot.prompts=200 spot.steps=2000 spot.temperature=1.0
+    python launch.py stage=spot model=tiny stage.prompts=200 stage.steps=2000 stage.temperature=1.0
 
-Recipe (``Spot.run``, top-down; the runner has attached the world, checked ``spot.*`` and found no complete run
-with the same key: target preset, tokenizer, ``spot.*``):
-1. the target and its tokenizer; prompts: ``spot.prompts`` split evenly over ``spot.prompt_sources``, raw text
+Recipe (``Spot.run``, top-down; the runner has attached the world, checked ``stage.*`` and found no complete run
+with the same key: target preset, tokenizer, ``stage.*``):
+1. the target and its tokenizer; prompts: ``stage.prompts`` split evenly over ``stage.prompt_sources``, raw text
    (``prompt_text``, as stage=decode and stage=evaluate encode what they decode);
-2. traces: the draft-free decoder (``spot.rule``, ``spot.temperature`` with coupled noise keyed by ``spot.seed``,
-   ``spot.max_new_tokens``) over ``spot.num_shards`` contiguous prompt slices, each written atomically to
+2. traces: the draft-free decoder (``stage.rule``, ``stage.temperature`` with coupled noise keyed by ``stage.seed``,
+   ``stage.max_new_tokens``) over ``stage.num_shards`` contiguous prompt slices, each written atomically to
    ``shards/shard-XXXXX-of-YYYYY.parquet``; shards already there and readable are kept (a killed run resumes);
-3. examples (``alignment.spot.data``: stale step t paired with root S_{t+1}, depths < ``spot.horizon``), split by
+3. examples (``alignment.spot.data``: stale step t paired with root S_{t+1}, depths < ``stage.horizon``), split by
    prompt, and the order model trained (``alignment.spot.train``);
 4. ``order_model/`` (config.json + model.safetensors) and ``metrics.json``; the runner writes the manifest last.
 
@@ -39,28 +39,28 @@ from .runner import Stage, StageResult
 
 class Spot(Stage):
     name = "spot"
-    settings = ("spot",)
+    settings = ("stage",)
 
     def check(self, cfg: DictConfig) -> None:
-        """ConfigError for ``spot.*`` values the stage cannot run with."""
-        s = cfg.spot
+        """ConfigError for ``stage.*`` values the stage cannot run with."""
+        s = cfg.stage
         if s.rule not in BLOCK:
-            raise ConfigError(f"spot.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
+            raise ConfigError(f"stage.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
         if not s.prompt_sources:
-            raise ConfigError("spot.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
+            raise ConfigError("stage.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
         if s.prompts < 2:
-            raise ConfigError(f"spot.prompts must be >= 2 (some are held out), got {s.prompts}")
+            raise ConfigError(f"stage.prompts must be >= 2 (some are held out), got {s.prompts}")
         if not 0.0 < s.heldout_fraction < 1.0:
-            raise ConfigError(f"spot.heldout_fraction must be in (0, 1), got {s.heldout_fraction}")
+            raise ConfigError(f"stage.heldout_fraction must be in (0, 1), got {s.heldout_fraction}")
         for name in ("max_new_tokens", "horizon", "batch_size", "num_shards", "steps", "train_batch", "layers"):
             if s[name] < 1:
-                raise ConfigError(f"spot.{name} must be >= 1, got {s[name]}")
+                raise ConfigError(f"stage.{name} must be >= 1, got {s[name]}")
         if s.top_k < 2:
-            raise ConfigError(f"spot.top_k must be >= 2 (the second token hypothesis), got {s.top_k}")
+            raise ConfigError(f"stage.top_k must be >= 2 (the second token hypothesis), got {s.top_k}")
         if s.d_model % s.heads:
-            raise ConfigError(f"spot.d_model={s.d_model} must be divisible by spot.heads={s.heads}")
+            raise ConfigError(f"stage.d_model={s.d_model} must be divisible by stage.heads={s.heads}")
         if s.temperature < 0:
-            raise ConfigError(f"spot.temperature must be >= 0, got {s.temperature}")
+            raise ConfigError(f"stage.temperature must be >= 0, got {s.temperature}")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         return spot_key(cfg, required_tokenizer(cfg, "target", self.name))
@@ -70,12 +70,12 @@ class Spot(Stage):
         from streakline.alignment.spot import SpotTrainConfig, build_examples, split_by_prompt, train_order_model
         from streakline.models.order_model import OrderModelConfig
 
-        s = cfg.spot
+        s = cfg.stage
         tokenizer = required_tokenizer(cfg, "target", self.name)
         target = block_target(cfg, self.name, device())
         L = target.config.block_size
         if L > s.max_block:
-            raise ConfigError(f"the target's block size {L} exceeds spot.max_block={s.max_block}; raise it")
+            raise ConfigError(f"the target's block size {L} exceeds stage.max_block={s.max_block}; raise it")
         prompts = encode_records(tokenizer, source_records(s.prompt_sources, s.prompts, self.name))
 
         folder = stage_run.add_output("shards")
@@ -185,7 +185,7 @@ def _collect(cfg: DictConfig, target, tokenizer, prompts, folder: Path, digest: 
     """Write every missing or damaged shard; returns the shard indices collected now."""
     from streakline.alignment.block_traces import collect_traces, write_trace_shard
 
-    s = cfg.spot
+    s = cfg.stage
     n = min(s.num_shards, len(prompts))
     bounds = [(i * len(prompts) // n, (i + 1) * len(prompts) // n) for i in range(n)]
     decode = block_decode_config(s, eos_token_id=tokenizer.eos_token_id)

@@ -4,9 +4,10 @@ been evaluated yet, append the points to a history file, and redraw speedup vs d
     python launch.py stage=sweep experiment=nightly_fig7            # train (cached) + evaluate new checkpoints
     python launch.py stage=sweep model=tiny experiment=default      # only evaluate what this experiment has
 
-``sweep.train`` lists distill runs to train first (each ``"method=<name> [overrides]"``; a finished run is a
-cache hit, so a nightly job that keeps the same list costs nothing when nothing changed). Checkpoints are each
-run's ``checkpoints/step-*`` folders plus its final ``drafter/``. Each night also measures ``vanilla`` (the
+``stage.train`` (``settings.sweep.train`` in an experiment file) lists distill runs to train first (each
+``"method=<name> [overrides]"``; a finished run is a cache hit, so a nightly job that keeps the same list costs
+nothing when nothing changed). Checkpoints are each run's ``checkpoints/step-*`` folders plus its final
+``drafter/``. Each night also measures ``vanilla`` (the
 speedup reference) and ``ar_draft`` (the horizontal baseline) in the same process. Idempotent: a checkpoint
 already in the history (same folder) is skipped, so rerunning adds nothing.
 
@@ -29,6 +30,7 @@ from streakline.config import compose_config
 from streakline.evaluation.figures import fig7_speedup_vs_steps
 from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.suite import evaluate_methods
+from streakline.world import attach_world
 
 from .common.lookup import distill_runs, stage_overrides
 from .common.prompts import evaluation_inputs
@@ -39,27 +41,30 @@ STAGE_NAME = "sweep"
 
 class Sweep(Stage):
     name = STAGE_NAME
-    settings = ("sweep",)
+    settings = ("stage",)
 
     def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
         from . import run_stage  # the dispatcher: each distill run goes through the runner like any stage
 
-        for entry in cfg.sweep.train:
+        for entry in cfg.stage.train:
             print(f"sweep: distill {entry}")
             run_stage(compose_config(stage_overrides(cfg, f"distill {entry}")[1]))
+        # the evaluation's settings are stage=evaluate's (settings.evaluate.*), at this sweep's one temperature
+        evaluation = attach_world(compose_config(stage_overrides(cfg, "evaluate")[1]))
+        evaluation.stage.temperatures = [cfg.stage.temperature]
         path = history_path(cfg)
         history = read_history(path)
-        methods = new_checkpoints(cfg, history)
+        methods = new_checkpoints(evaluation, history)
         new: list[dict] = []
         if methods:
-            new = _evaluate(cfg, methods)
+            new = _evaluate(evaluation, methods)
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(path, "w") as f:  # rewrite whole: a crash never leaves half a line
                 for r in history + new:
                     f.write(json.dumps(r) + "\n")
         else:
             print("sweep: every checkpoint is already in the history; nothing to evaluate")
-        figure = fig7_speedup_vs_steps(history + new, path.parent / "fig7_speedup_vs_steps.png", cfg.sweep.temperature)
+        figure = fig7_speedup_vs_steps(history + new, path.parent / "fig7_speedup_vs_steps.png", cfg.stage.temperature)
         points = sum(1 for r in new if r.get("checkpoint"))
         metrics = {"new_points": points, "checkpoints": len(methods)}
         return StageResult(self.name, path.parent, path, metrics, details={"figure": str(figure) if figure else None})
@@ -75,12 +80,13 @@ STAGE = Sweep()
 
 
 def new_checkpoints(cfg: DictConfig, history: list[dict[str, Any]]) -> list[EvalMethod]:
-    """A method per checkpoint of this experiment's distill runs that the history lacks on some benchmark."""
+    """A method per checkpoint of this experiment's distill runs that the history lacks on some benchmark of
+    ``cfg`` (a stage=evaluate config)."""
     seen = {(r.get("checkpoint"), r["benchmark"]) for r in history if r.get("checkpoint")}
     methods = []
     for run_ in distill_runs(cfg):
         for steps, ckpt in checkpoints(run_):
-            if all((ckpt, b) in seen for b in cfg.evaluate.benchmarks):
+            if all((ckpt, b) in seen for b in cfg.stage.benchmarks):
                 continue
             label = f"{run_['method']}@{Path(run_['folder']).name}"
             methods.append(EvalMethod(label, "diffusion_draft", drafter=ckpt, steps=steps, distill_loss=run_["method"]))
@@ -88,10 +94,9 @@ def new_checkpoints(cfg: DictConfig, history: list[dict[str, Any]]) -> list[Eval
 
 
 def _evaluate(cfg: DictConfig, methods: list[EvalMethod]) -> list[dict[str, Any]]:
-    """Tonight's records: the new checkpoints plus ``ar_draft`` (the horizontal baseline) and ``vanilla`` (the
-    speedup reference), at ``sweep.temperature``."""
+    """Tonight's records on ``cfg`` (a stage=evaluate config at the sweep's temperature): the new checkpoints plus
+    ``ar_draft`` (the horizontal baseline) and ``vanilla`` (the speedup reference)."""
     night = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    cfg.evaluate.temperatures = [cfg.sweep.temperature]
     methods = [EvalMethod("ar_draft", "ar_draft"), *methods]
     prompts, eos = evaluation_inputs(cfg, methods)
     records = evaluate_methods(cfg, methods, prompts, eos)
@@ -101,7 +106,7 @@ def _evaluate(cfg: DictConfig, methods: list[EvalMethod]) -> list[dict[str, Any]
 
 
 def history_path(cfg: DictConfig) -> Path:
-    return Path(cfg.sweep.history or Path(cfg.run_root, cfg.experiment.name, STAGE_NAME, "history.jsonl"))
+    return Path(cfg.stage.history or Path(cfg.run_root, cfg.experiment.name, STAGE_NAME, "history.jsonl"))
 
 
 def read_history(path: Path) -> list[dict[str, Any]]:

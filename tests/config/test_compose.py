@@ -19,6 +19,7 @@ from streakline.config.schema import (
     LAUNCHERS,
     LOSSES,
     ROLES,
+    STAGE_SCHEMAS,
     STAGES,
     ArchConfig,
     CheckpointConfig,
@@ -104,7 +105,14 @@ def test_yaml_only_overrides_schema_defaults(group):
         data.pop("defaults", None)
         # An experiment file may set any key (``# @package _global_``): compare it with the root schema.
         base = OmegaConf.structured(Config) if path.read_text().startswith("# @package _global_") else defaults
-        restated += [f"{path.name}: {k}={v!r}" for k, v in _leaves(data) if _default(base, k) == v]
+        for k, v in _leaves(data):
+            if k.startswith("settings."):  # a stage's settings: compare with that stage's schema
+                _, name, rest = k.split(".", 2)
+                found = _default(OmegaConf.structured(STAGE_SCHEMAS[name](name=name)), rest)
+            else:
+                found = _default(base, k)
+            if found == v:
+                restated.append(f"{path.name}: {k}={v!r}")
     assert not restated, f"YAML repeats schema defaults: {restated}"
 
 

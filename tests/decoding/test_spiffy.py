@@ -240,6 +240,6 @@ def test_a_graph_for_another_target_rule_or_temperature_is_refused(model, traces
     with pytest.raises(GraphMismatchError, match="target 'random-sdar'.*stage=spiffy"):
         SpiffyDrafter(graph, 3, target="tiny-target")
     ids, mask = _left_pad(_prompts((6,)))
-    for cfg, what in ((_cfg("threshold", 0.0), "spiffy.rule=threshold"), (_cfg("static", 1.0), "temperature=1.0")):
+    for cfg, what in ((_cfg("threshold", 0.0), "stage.rule=threshold"), (_cfg("static", 1.0), "temperature=1.0")):
         with pytest.raises(GraphMismatchError, match=what):
             decode_blocks(model, ids, mask, cfg, drafter=SpiffyDrafter(graph, 3))

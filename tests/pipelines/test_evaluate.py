@@ -15,7 +15,7 @@ from streakline.pipelines.evaluate import discover
 from streakline.world import attach_world
 
 METHODS = (
-    "evaluate.methods=[{name: vanilla, decoder: vanilla}, {name: ar_draft, decoder: ar_draft},"
+    "stage.methods=[{name: vanilla, decoder: vanilla}, {name: ar_draft, decoder: ar_draft},"
     " {name: base, decoder: diffusion_draft, K: 2}, {name: static, decoder: static},"
     " {name: threshold, decoder: threshold}]"
 )
@@ -23,8 +23,8 @@ METHODS = (
 
 def _cfg(root, *extra):
     return compose_config(
-        ["stage=evaluate", "model=micro", f"run_root={root}", "evaluate.benchmarks=[tiny-math, tiny-code]",
-         "evaluate.prompts=2", "evaluate.max_new_tokens=12", "evaluate.temperatures=[0.0, 1.0]", *extra]
+        ["stage=evaluate", "model=micro", f"run_root={root}", "stage.benchmarks=[tiny-math, tiny-code]",
+         "stage.prompts=2", "stage.max_new_tokens=12", "stage.temperatures=[0.0, 1.0]", *extra]
     )  # fmt: skip
 
 
@@ -62,7 +62,7 @@ def test_rerun_is_cached_by_config(micro_world, evaluated):
 
 def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
     root, _, _ = micro_world
-    cfg = _cfg(tmp_path, "evaluate.k_grid=[1,2]", "evaluate.drafter_temperature_grid=[1.0]")
+    cfg = _cfg(tmp_path, "stage.k_grid=[1,2]", "stage.drafter_temperature_grid=[1.0]")
     cfg.run_root = str(root)
     attach_world(cfg)
     cfg.run_root = str(tmp_path)

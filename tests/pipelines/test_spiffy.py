@@ -20,13 +20,13 @@ from streakline.pipelines.common.roles import role_tokenizer
 from streakline.world import attach_world
 
 SETTINGS = [
-    "spiffy.prompt_sources=[tiny-math-train,tiny-code]",  # tiny-code-train parses the stdlib (seconds): not here
-    "spiffy.prompts=4",
-    "spiffy.max_new_tokens=16",
-    "spiffy.horizon=3",
-    "spiffy.budget=5",
-    "spiffy.batch_size=4",
-    "spiffy.top_k=8",
+    "stage.prompt_sources=[tiny-math-train,tiny-code]",  # tiny-code-train parses the stdlib (seconds): not here
+    "stage.prompts=4",
+    "stage.max_new_tokens=16",
+    "stage.horizon=3",
+    "stage.budget=5",
+    "stage.batch_size=4",
+    "stage.top_k=8",
 ]
 
 
@@ -81,7 +81,7 @@ def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
     drafter = block_drafter("spiffy", locate(cfg), cfg.decoder, target=cfg.model.target.name)
     assert drafter.graph.size == 3 and drafter.prune == 2
     target = build(cfg.model.target, "target").eval()
-    records = source_records(cfg.spiffy.prompt_sources, cfg.spiffy.prompts, "spiffy")
+    records = source_records(cfg.stage.prompt_sources, cfg.stage.prompts, "spiffy")
     ids, mask = left_pad(encode_records(role_tokenizer(cfg, "target"), records))
     decode = BlockDecodeConfig(rule="static", max_new_tokens=16)
     plain = decode_blocks(target, ids, mask, decode)
@@ -91,11 +91,18 @@ def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
 
 def test_missing_graph_and_bad_settings_are_clear_errors(first, tmp_path):
     root, _ = first
-    cfg = attach_world(_cfg(root, "spiffy.budget=6"), progress=False)  # settings never calibrated
-    with pytest.raises(CheckpointError, match="run python launch.py stage=spiffy model=micro first"):
+    # a consumer need not repeat the producer's settings: another budget still finds the graph for this rule and T
+    cfg = attach_world(_cfg(root, "stage.budget=6"), progress=False)
+    assert locate(cfg) == Path(first[1].artifact)
+    # no graph for the decoding temperature: the error names the run that makes one
+    wanted = r"\(1 complete run\(s\) there have other settings\); run python launch.py stage=spiffy model=micro "
+    with pytest.raises(CheckpointError, match=wanted + "stage.rule=static stage.temperature=1.0 first"):
+        locate(cfg, temperature=1.0)
+    cfg.decoder.rule = "threshold"
+    with pytest.raises(CheckpointError, match="stage.rule=threshold stage.temperature=0.0 first"):
         locate(cfg)
     cfg.decoder.artifact = str(tmp_path)
     with pytest.raises(CheckpointError, match="not a Spiffy graph"):
         locate(cfg)
-    with pytest.raises(ConfigError, match="spiffy.rule"):
-        run_stage(_cfg(root, "spiffy.rule=spot"))
+    with pytest.raises(ConfigError, match="stage.rule=spot is not a draft-free rule"):
+        run_stage(_cfg(root, "stage.rule=spot"))

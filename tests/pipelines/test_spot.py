@@ -21,20 +21,20 @@ from streakline.pipelines.common.lookup import locate_order_model
 from streakline.world import attach_world
 
 SETTINGS = [
-    "spot.prompt_sources=[tiny-math-train]",  # tiny-code-train parses the stdlib's training files: seconds per run
-    "spot.prompts=10",
-    "spot.max_new_tokens=16",
-    "spot.num_shards=2",
-    "spot.batch_size=5",
-    "spot.top_k=8",
-    "spot.horizon=4",
-    "spot.d_model=32",
-    "spot.layers=1",
-    "spot.heads=4",
-    "spot.ffn=64",
-    "spot.max_block=8",
-    "spot.steps=40",
-    "spot.train_batch=32",
+    "stage.prompt_sources=[tiny-math-train]",  # tiny-code-train parses the stdlib's training files: seconds per run
+    "stage.prompts=10",
+    "stage.max_new_tokens=16",
+    "stage.num_shards=2",
+    "stage.batch_size=5",
+    "stage.top_k=8",
+    "stage.horizon=4",
+    "stage.d_model=32",
+    "stage.layers=1",
+    "stage.heads=4",
+    "stage.ffn=64",
+    "stage.max_block=8",
+    "stage.steps=40",
+    "stage.train_batch=32",
 ]
 
 
@@ -97,14 +97,17 @@ def locate(cfg):
     return locate_order_model(attach_world(cfg, progress=False))
 
 
-def test_locate_finds_the_run_or_says_what_to_run(first, tmp_path):
+def test_locate_finds_the_newest_matching_run_or_says_what_to_run(first, tmp_path):
     root, res = first
     assert locate(_cfg(root)) == res.artifact
     assert locate(_cfg(root, "spot", f"decoder.artifact={res.artifact}")) == locate(_cfg(root))
-    with pytest.raises(CheckpointError, match=r"python launch.py stage=spot model=micro first"):
+    # a consumer need not repeat the producer's settings: the run for this target and rule is found
+    assert locate(_cfg(root, "spot", "stage.steps=41")) == res.artifact
+    with pytest.raises(CheckpointError, match=r"python launch.py stage=spot model=micro stage.rule=static first"):
         locate(_cfg(root, "never-ran"))
-    with pytest.raises(CheckpointError, match="python launch.py stage=spot model=micro first"):
-        locate(_cfg(root, "spot", "spot.steps=41"))  # other spot settings: another run
+    with pytest.raises(CheckpointError, match=r"\(1 complete run\(s\) there have other settings\); run python "
+                       r"launch.py stage=spot model=micro stage.rule=threshold first"):  # fmt: skip
+        locate(_cfg(root, "spot", "decoder.rule=threshold"))  # traces of another rule: another commit order
     with pytest.raises(CheckpointError, match="not an order-model folder"):
         locate(_cfg(root, "spot", f"decoder.artifact={tmp_path}"))
 

@@ -11,7 +11,7 @@ from streakline.pipelines import run_stage
 from streakline.pipelines.common.lookup import stage_overrides
 from tests.pipelines.test_distill import DATA, TRAIN
 
-EVAL = ["evaluate.benchmarks=[tiny-math]", "evaluate.prompts=2", "evaluate.max_new_tokens=8"]
+EVAL = ["settings.evaluate.benchmarks=[tiny-math]", "settings.evaluate.prompts=2", "settings.evaluate.max_new_tokens=8"]
 
 
 def _common(root, experiment):
@@ -27,7 +27,7 @@ def test_sweep_appends_one_point_per_new_checkpoint_and_skips_evaluated_ones(mic
     root = micro_world[0]
     common = _common(root, "nightly")
     run_stage(compose_config(["stage=trajectories", *common]))
-    first = run_stage(compose_config(["stage=sweep", *common, "sweep.train=['method=ce_streak']"]))
+    first = run_stage(compose_config(["stage=sweep", *common, "stage.train=['method=ce_streak']"]))
     # Checkpoints at steps 2 and 4 (the final drafter holds step 4's weights): one point each, one benchmark.
     assert first.metrics["new_points"] == 2
     history = _lines(first.artifact)
@@ -37,10 +37,10 @@ def test_sweep_appends_one_point_per_new_checkpoint_and_skips_evaluated_ones(mic
     assert {r["method"] for r in history if not r["checkpoint"]} == {"vanilla", "ar_draft"}
     assert Path(first.details["figure"]).read_bytes()[:4] == b"\x89PNG"
     # The next night: nothing new, nothing appended.
-    again = run_stage(compose_config(["stage=sweep", *common, "sweep.train=['method=ce_streak']"]))
+    again = run_stage(compose_config(["stage=sweep", *common, "stage.train=['method=ce_streak']"]))
     assert again.metrics["new_points"] == 0 and _lines(again.artifact) == history
     # A new run appears (another method): exactly its checkpoints are added.
-    third = run_stage(compose_config(["stage=sweep", *common, "sweep.train=['method=ce_streak', 'method=ar_distill']"]))
+    third = run_stage(compose_config(["stage=sweep", *common, "stage.train=['method=ce_streak', 'method=ar_distill']"]))
     assert third.metrics["new_points"] == 2
     added = _lines(third.artifact)[len(history) :]
     assert sorted(r["steps"] for r in added if r["checkpoint"]) == [2, 4]
@@ -49,13 +49,13 @@ def test_sweep_appends_one_point_per_new_checkpoint_and_skips_evaluated_ones(mic
 
 def test_pipeline_runs_the_chain_and_a_rerun_is_cached(micro_world, capsys):
     root = micro_world[0]
-    chain = "experiment.stages=[trajectories, 'distill method=ce_streak', 'evaluate evaluate.k_grid=[1]']"
-    cfg = compose_config(["stage=pipeline", *_common(root, "chain"), "evaluate.drafter_temperature_grid=[1.0]",
-                          "evaluate.temperatures=[0.0]", chain])  # fmt: skip
+    chain = "experiment.stages=[trajectories, 'distill method=ce_streak', 'evaluate stage.k_grid=[1]']"
+    cfg = compose_config(["stage=pipeline", *_common(root, "chain"), "settings.evaluate.drafter_temperature_grid=[1.0]",
+                          "settings.evaluate.temperatures=[0.0]", chain])  # fmt: skip
     assert stage_overrides(cfg, "distill method=ce_streak")[1][-2:] == ["stage=distill", "method=ce_streak"]
     out = run_stage(cfg)
     assert [s["stage"] for s in out.details["stages"]] == ["trajectories", "distill method=ce_streak",
-                                                   "evaluate evaluate.k_grid=[1]"]  # fmt: skip
+                                                   "evaluate stage.k_grid=[1]"]  # fmt: skip
     report = out.details["report"]
     methods = {r["method"] for r in report.details["records"]}
     assert {"vanilla", "ar_draft", "base", "ce_streak", "grid K=1 tau=1"} <= methods

@@ -7,9 +7,13 @@ and its consumers compute the same folder without importing each other:
 | artifact | key | found by |
 |---|---|---|
 | trajectories (``shards/``) | ``trajectories_key`` | ``trajectories_dir`` (stage=distill) |
-| SPOT order model (``order_model/``) | ``spot_key`` | ``locate_order_model`` (decoder=spot, stage=evaluate) |
-| Spiffy graph (``graph.json``) | ``spiffy_key`` | ``locate_graph`` (decoder=spiffy, stage=evaluate) |
+| SPOT order model (``order_model/``) | ``spot_key`` | ``locate_order_model``: newest match (decoder=spot) |
+| Spiffy graph (``graph.json``) | ``spiffy_key`` | ``locate_graph``: newest match (decoder=spiffy) |
 | distilled drafters (``drafter/``) | the distill stage's own key | ``distill_runs`` (stage=evaluate, stage=sweep) |
+
+Trajectories are found by their key (distill must train on exactly the data its settings name). Order models and
+graphs are found by what the decoder needs (same target and tokenizer; the rule, and for a graph the temperature),
+newest first: a consumer does not repeat the producer's settings, and ``decoder.artifact`` picks one by hand.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.artifacts import ArtifactError, config_hash, find_complete, read_manifest, run_dir
+from streakline.artifacts import ArtifactError, config_hash, read_manifest, run_dir
 from streakline.models import CheckpointError
 
 from .roles import required_tokenizer
@@ -52,33 +56,44 @@ def trajectories_dir(cfg: DictConfig) -> Path:
 
 
 # --------------------------------------------------------------------------------------------- spot / spiffy
+def stage_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The running stage's own settings (``cfg.stage`` without its name), as plain data for a run key."""
+    settings = OmegaConf.to_container(cfg.stage, resolve=True)
+    settings.pop("name", None)
+    return settings
+
+
 def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
-    """What an order model depends on: the target preset (its folder included), its tokenizer, and ``spot.*``."""
+    """What an order model depends on: the target preset (its folder included), its tokenizer, stage=spot's
+    settings. (The settings keep the key ``spot``, so runs from before settings moved under ``stage`` keep their
+    folders.)"""
     from streakline.models.tokenizer import tokenizer_hash
 
     return {
         "target": OmegaConf.to_container(cfg.model.target, resolve=True),
         "tokenizer": tokenizer_hash(tokenizer),
-        "spot": OmegaConf.to_container(cfg.spot, resolve=True),
+        "spot": stage_settings(cfg),
         "prompt_format": "prompt_text",  # raw text, as decode / evaluate encode prompts (was the chat template)
     }
 
 
 def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
-    """What a graph depends on: the target preset (its folder included), its tokenizer, ``spiffy.*``, the recipe."""
+    """What a graph depends on: the target preset (its folder included), its tokenizer, stage=spiffy's settings,
+    the recipe."""
     from streakline.models.tokenizer import tokenizer_hash
 
     return {
         "target": OmegaConf.to_container(cfg.model.target, resolve=True),
         "tokenizer": tokenizer_hash(tokenizer),
-        "spiffy": OmegaConf.to_container(cfg.spiffy, resolve=True),
+        "spiffy": stage_settings(cfg),
         "recipe": SPIFFY_RECIPE,
     }
 
 
-def locate_order_model(cfg: DictConfig) -> Path:
-    """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set, else this experiment's complete
-    ``stage=spot`` run for the same target and ``spot.*``; CheckpointError saying what to run otherwise."""
+def locate_order_model(cfg: DictConfig, temperature: float | None = None) -> Path:
+    """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set, else the newest complete
+    ``stage=spot`` run of this experiment for the same target and tokenizer whose traces came from ``decoder.rule``
+    (an order model serves any temperature); CheckpointError saying what to run otherwise."""
     if cfg.decoder.artifact:
         folder = Path(cfg.decoder.artifact).expanduser().absolute()
         if not (folder / "config.json").is_file():
@@ -87,14 +102,14 @@ def locate_order_model(cfg: DictConfig) -> Path:
                 "point it at the order_model/ folder of a stage=spot run"
             )
         return folder
-    key = spot_key(cfg, required_tokenizer(cfg, "target", "spot"))
-    found = _complete_run(cfg, "spot", key, "trained order model", "an order_model folder")
-    return found / ORDER_MODEL
+    wanted = {"rule": cfg.decoder.rule}
+    return _newest_run(cfg, "spot", wanted, "trained order model", "an order_model folder") / ORDER_MODEL
 
 
-def locate_graph(cfg: DictConfig) -> Path:
+def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
     """The graph.json ``decoder=spiffy`` uses: ``decoder.artifact`` (the file, or a folder holding it) if set, else
-    this experiment's complete ``stage=spiffy`` run for the same target and ``spiffy.*``; CheckpointError otherwise."""
+    the newest complete ``stage=spiffy`` run of this experiment for the same target and tokenizer calibrated for
+    ``decoder.rule`` at ``temperature`` (default ``decoder.temperature``); CheckpointError otherwise."""
     if cfg.decoder.artifact:
         path = Path(cfg.decoder.artifact).expanduser().absolute()
         if path.is_dir():
@@ -105,30 +120,49 @@ def locate_graph(cfg: DictConfig) -> Path:
                 "the graph.json of a stage=spiffy run"
             )
         return path
-    key = spiffy_key(cfg, required_tokenizer(cfg, "target", "spiffy"))
-    found = _complete_run(cfg, "spiffy", key, "Spiffy graph", "a graph.json")
-    return found / GRAPH
+    T = float(cfg.decoder.temperature if temperature is None else temperature)
+    wanted = {"rule": cfg.decoder.rule, "temperature": T}
+    return _newest_run(cfg, "spiffy", wanted, "Spiffy graph", "a graph.json") / GRAPH
 
 
-def _complete_run(cfg: DictConfig, stage: str, key: dict[str, Any], what: str, artifact: str) -> Path:
-    """This experiment's complete ``stage`` run for ``key``; CheckpointError saying what to run otherwise."""
-    digest = config_hash(key)
-    found = find_complete(cfg.run_root, cfg.experiment.name, stage, digest)
-    if found is None:
-        raise CheckpointError(
-            f"no {what} for this target and {stage}.* settings (experiment {cfg.experiment.name!r}, hash {digest}); "
-            f"run python launch.py stage={stage} model={cfg.model.name} first (with the same {stage}.* overrides), "
-            f"or set decoder.artifact=<{artifact}>"
-        )
-    return found
+def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, artifact: str) -> Path:
+    """The newest complete ``stage`` run of this experiment whose key has this target, its tokenizer, and settings
+    equal to ``wanted``; CheckpointError naming the command that makes one otherwise."""
+    from streakline.models.tokenizer import tokenizer_hash
+
+    target = OmegaConf.to_container(cfg.model.target, resolve=True)
+    tok = tokenizer_hash(required_tokenizer(cfg, "target", stage))
+    found, other = [], 0
+    for manifest_path in Path(cfg.run_root, cfg.experiment.name, stage).glob("*/manifest.json"):
+        try:
+            m = read_manifest(manifest_path.parent)
+        except ArtifactError:
+            continue
+        if m.status != "complete" or m.config.get("target") != target or m.config.get("tokenizer") != tok:
+            continue
+        settings = m.config.get(stage, {})
+        if all(settings.get(k) == v for k, v in wanted.items()):
+            found.append((m.finished_at, manifest_path.parent))
+        else:
+            other += 1
+    if found:
+        return max(found)[1]
+    need = " ".join(f"stage.{k}={v}" for k, v in wanted.items())
+    others = f" ({other} complete run(s) there have other settings)" if other else ""
+    raise CheckpointError(
+        f"no {what} for target {cfg.model.target.name} with {need.replace('stage.', '')} in experiment "
+        f"{cfg.experiment.name!r}{others}; run python launch.py stage={stage} model={cfg.model.name} {need} first, "
+        f"or set decoder.artifact=<{artifact}>"
+    )
 
 
-def locate_block_artifact(cfg: DictConfig, decoder: str) -> Path:
-    """The artifact a drafted block decoder (``spot`` or ``spiffy``) reads."""
+def locate_block_artifact(cfg: DictConfig, decoder: str, temperature: float | None = None) -> Path:
+    """The artifact a drafted block decoder (``spot`` or ``spiffy``) reads at ``temperature`` (default
+    ``decoder.temperature``)."""
     locators = {"spot": locate_order_model, "spiffy": locate_graph}
     if decoder not in locators:
         raise ValueError(f"decoder={decoder} reads no stage artifact; valid: {', '.join(locators)}")
-    return locators[decoder](cfg)
+    return locators[decoder](cfg, temperature)
 
 
 # --------------------------------------------------------------------------------------------- distill

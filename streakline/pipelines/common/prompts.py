@@ -61,7 +61,7 @@ def benchmark_prompts(tokenizer, benchmarks, limit: int) -> dict[str, list[list[
 
 
 def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]]], dict[str, int | None]]:
-    """``(prompts, eos)`` for ``evaluation.suite.evaluate_methods``: ``cfg.evaluate.benchmarks`` encoded with the
+    """``(prompts, eos)`` for ``evaluation.suite.evaluate_methods``: ``cfg.stage.benchmarks`` encoded with the
     verifier's tokenizer for speculative methods and the target's for block methods (only the families present)."""
     from streakline.evaluation.suite import family, with_references
 
@@ -72,6 +72,6 @@ def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]
     for fam, role in (("speculative", "verifier"), ("block", "target")):
         if fam in families:
             tok = required_tokenizer(cfg, role, "evaluate")
-            prompts[fam] = benchmark_prompts(tok, cfg.evaluate.benchmarks, cfg.evaluate.prompts)
+            prompts[fam] = benchmark_prompts(tok, cfg.stage.benchmarks, cfg.stage.prompts)
             eos[role] = tok.eos_token_id
     return prompts, eos
