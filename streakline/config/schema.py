@@ -237,6 +237,7 @@ class DecoderConfig:
     gamma: int | None = None  # None: the drafter preset's gamma
     temperature: float = 0.0  # verifier temperature
     drafter_temperature: float = 1.5
+    argmax_chain: bool = True  # chain 0 is the drafter's argmax; False: all K chains i.i.d. from q (SpecDiff-2)
     top_k: int = 64
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
@@ -264,6 +265,7 @@ class SpotStage(StageConfig):
     max_new_tokens: int = 64
     rule: str = "static"  # the draft-free decoder whose commit order is learnt
     temperature: float = 0.0  # traces' sampling temperature (coupled noise when > 0)
+    threshold: float = 0.9  # the threshold rule's confidence tau (rule=threshold only)
     top_k: int = 32  # stale probabilities kept per position
     horizon: int = 8  # H: depths d < H replayed per step
     batch_size: int = 8  # prompts per decoding batch
@@ -291,6 +293,7 @@ class EvalMethodConfig:
     K: int | None = None
     gamma: int | None = None
     drafter_temperature: float | None = None
+    argmax_chain: bool | None = None  # None: decoder.argmax_chain
     rule: str | None = None  # spot / spiffy: the draft-free rule they reproduce
     budget: int | None = None
     prune: int | None = None
@@ -328,6 +331,7 @@ class SpiffyStage(StageConfig):
     max_new_tokens: int = 64
     rule: str = "static"
     temperature: float = 0.0
+    threshold: float = 0.9  # the threshold rule's confidence tau (rule=threshold only)
     top_k: int = 32  # token ranks j beyond this are not representable
     horizon: int = 8  # H: realised future states counted per step
     budget: int = 10  # D: graph nodes besides the root

@@ -276,6 +276,11 @@ def _decoder(cfg: DictConfig) -> None:
         _at_least(cfg, f"decoder.{key}", 1)
     for key in ("temperature", "drafter_temperature", "top_k"):
         _at_least(cfg, f"decoder.{key}", 0)
+    if cfg.decoder.acceptance == "exact_greedy" and cfg.decoder.temperature > 0:
+        raise ConfigError(
+            f"decoder.acceptance=exact_greedy is lossless only at decoder.temperature=0, got "
+            f"{cfg.decoder.temperature:g}; use decoder.acceptance=greedy_acceptance (or leviathan) to sample"
+        )
     _positive(cfg, "decoder.threshold")
     _between(cfg, "decoder.threshold", 0.0, 1.0)
     if cfg.prompt is not None and not cfg.prompt:

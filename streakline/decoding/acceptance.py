@@ -137,11 +137,19 @@ ACCEPTANCE_RULES: dict[str, AcceptanceRule] = {
 
 
 def get_rule(name: str, temperature: float, K: int) -> AcceptanceRule:
-    """The rule that will run: ``exact_greedy`` at temperature 0, otherwise ``name`` (checked against K)."""
+    """The rule that will run: ``exact_greedy`` at temperature 0, otherwise ``name`` (checked against K; ValueError
+    for ``exact_greedy`` at temperature > 0, which is not lossless there)."""
     if name not in ACCEPTANCE_RULES:
         raise ValueError(f"unknown acceptance rule {name!r}; valid: {', '.join(ACCEPTANCE_RULES)}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if name == "exact_greedy" and temperature > 0:
+        # exact_greedy keeps a draft token only where it is the verifier's argmax: at T > 0 that decodes greedily,
+        # not from the verifier's distribution, so the output would not be the sampling decoder's
+        raise ValueError(
+            f"decoder.acceptance=exact_greedy is lossless only at temperature 0, got temperature={temperature:g}; "
+            "use decoder.acceptance=greedy_acceptance (or leviathan) to sample, or decoder.temperature=0"
+        )
     rule = ACCEPTANCE_RULES["exact_greedy" if temperature == 0 else name]
     if rule.max_K is not None and K > rule.max_K:
         raise ValueError(

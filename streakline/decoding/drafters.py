@@ -22,10 +22,11 @@ Both speak the same protocol to the decoding loop in ``speculative.py``:
 ``new_ids`` ``[B, n]`` are the tokens committed since the previous call (the whole prompt first, then the accepted
 drafts plus the replacement/bonus token), right-aligned, ``new_valid`` marks the real ones (None = all real).
 
-Sampling: ``q_j = softmax(top_k(z_j) / tau_d)``; ``tau_d = 0`` makes q one-hot at the argmax. Unless the acceptance
-rule needs i.i.d. drafts (``iid=True``: leviathan, multi-draft leviathan), chain 0 is the argmax draft and chains
-1..K-1 are samples, so K > 1 never proposes worse than the argmax draft alone (greedy-acceptance is lossless for any
-proposal, docs/algorithms.md section 2).
+Sampling: ``q_j = softmax(top_k(z_j) / tau_d)``; ``tau_d = 0`` makes q one-hot at the argmax. With ``iid=False``
+chain 0 is the argmax draft and chains 1..K-1 are samples, so K > 1 never proposes worse than the argmax draft alone
+(greedy-acceptance is lossless for any proposal, docs/algorithms.md section 2). With ``iid=True`` all K chains are
+i.i.d. samples from q (the AR drafter samples its one chain): the decoder asks for that when the acceptance rule
+needs it (leviathan, multi-draft leviathan) or when ``decoder.argmax_chain=false`` (SpecDiff-2's drafts).
 
 Tests: ``python -m pytest tests/decoding/test_drafters.py``.
 """

@@ -149,6 +149,7 @@ def speculative_setup(
         temperature=decoder.temperature,
         acceptance=decoder.acceptance,
         selection=decoder.selection,
+        argmax_chain=decoder.argmax_chain,
         eos_token_id=eos_token_id,
         stop_strings=tuple(decoder.stop_strings),
         seed=seed,

@@ -53,6 +53,7 @@ class SpecConfig:
     top_p: float = 1.0  # nucleus truncation of the verifier distribution (T > 0); the output follows the truncated p
     acceptance: str = "greedy_acceptance"
     selection: str = "streak_score"  # or "longest"
+    argmax_chain: bool = True  # chain 0 is the drafter's argmax; False (or a rule needing it): K i.i.d. draws from q
     eos_token_id: int | list[int] | None = None
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
@@ -119,6 +120,7 @@ def generate(
     if drafter is not None and (G < 1 or K < 1):
         raise ValueError(f"a drafter needs gamma >= 1 and K >= 1, got gamma={G}, K={K}")
     rule = get_rule(cfg.acceptance, cfg.temperature, K)
+    iid = rule.iid or not cfg.argmax_chain  # i.i.d. drafts: the rule needs them, or the setting asks for them
     if not 0.0 < cfg.top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {cfg.top_p}")
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list | tuple) else [cfg.eos_token_id]
@@ -156,7 +158,7 @@ def generate(
         b = len(rows)
         q = None
         if drafter is not None:
-            proposal = drafter.propose(new_ids, new_valid, gamma=G, K=K, generator=generator, iid=rule.iid)
+            proposal = drafter.propose(new_ids, new_valid, gamma=G, K=K, generator=generator, iid=iid)
             drafts = proposal.tokens
             q = proposal.q if rule.needs_q else None
             metrics.drafter_forwards += proposal.forwards

@@ -188,10 +188,18 @@ class SpiffyGraph:
         return cls.from_json(data, source=str(path))
 
     # --------------------------------------------------------------------------------------------- checking
-    def check(self, *, target: str | None = None, rule: str | None = None, temperature: float | None = None) -> None:
-        """Raise GraphMismatchError when the graph was calibrated for another target, rule or temperature.
+    def check(
+        self,
+        *,
+        target: str | None = None,
+        rule: str | None = None,
+        temperature: float | None = None,
+        threshold: float | None = None,
+    ) -> None:
+        """Raise GraphMismatchError when the graph was calibrated for another target, rule, temperature, or (for the
+        threshold rule) another threshold.
 
-        The (i, j) statistics depend on all three (the commit order, and at T > 0 the noisy token ranking), so a
+        The (i, j) statistics depend on all of them (the commit order, and at T > 0 the noisy token ranking), so a
         graph from another setting would still decode exactly but draft badly; refusing says how to get the right one.
         """
         h = self.header
@@ -206,11 +214,25 @@ class SpiffyGraph:
             float(h.get("temperature", temperature)), float(temperature), abs_tol=1e-9
         ):
             wrong.append(f"temperature {h['temperature']} (decoding {temperature})")
+        calibrated_rule = h.get("rule", rule)
+        if (
+            threshold is not None
+            and calibrated_rule == "threshold"
+            and (rule is None or rule == "threshold")
+            and not math.isclose(float(h.get("threshold", threshold)), float(threshold), abs_tol=1e-9)
+        ):
+            wrong.append(f"threshold {h['threshold']} (decoding {threshold})")
         if wrong:
             raise GraphMismatchError(
                 f"this Spiffy graph was calibrated for {', '.join(wrong)}; calibrate one for this decode with "
                 f"`python launch.py stage=spiffy model=... stage.rule={rule or h.get('rule')} "
-                f"stage.temperature={h.get('temperature') if temperature is None else temperature}` "
+                f"stage.temperature={h.get('temperature') if temperature is None else temperature}"
+                + (
+                    f" stage.threshold={threshold}"
+                    if threshold is not None and (rule or h.get("rule")) == "threshold"
+                    else ""
+                )
+                + "` "
                 "or point decoder.artifact at a matching graph.json"
             )
 
@@ -343,13 +365,13 @@ class SpiffyDrafter(BlockDrafter):
             raise ValueError(f"prune (D*) must be >= 0, got {prune}")
         graph.check(target=target)
         self.graph, self.prune = graph, prune
-        self._checked: tuple[str, float] | None = None
+        self._checked: tuple[str, float, float] | None = None
         self._plans: dict[torch.device, GraphPlan] = {}
 
     def propose(self, ctx: DraftContext) -> Drafts | None:
-        setting = (ctx.cfg.rule, ctx.cfg.temperature)
+        setting = (ctx.cfg.rule, ctx.cfg.temperature, ctx.cfg.threshold)
         if setting != self._checked:
-            self.graph.check(rule=ctx.cfg.rule, temperature=ctx.cfg.temperature)
+            self.graph.check(rule=ctx.cfg.rule, temperature=ctx.cfg.temperature, threshold=ctx.cfg.threshold)
             self._checked = setting
         if self.prune == 0 or self.graph.size == 0:
             return None

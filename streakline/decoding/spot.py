@@ -53,6 +53,28 @@ class SpotTree:
         return Drafts(self.tokens[:, 1 : 1 + n], self.valid[:, 1 : 1 + n])
 
 
+class OrderModelMismatchError(ValueError):
+    """An order model that learnt another draft-free decoder's commit order than the one decoding now."""
+
+
+def check_trained_for(model: OrderModel, rule: str, threshold: float) -> None:
+    """Raise OrderModelMismatchError when ``model`` learnt the commit order of another rule (or, for the threshold
+    rule, another threshold) than ``rule``/``threshold``. Decoding would stay exact but draft badly; the message
+    says how to get a matching model. A model that recorded neither is not checked."""
+    c = model.config
+    wrong = None
+    if c.rule is not None and c.rule != rule:
+        wrong = f"rule {c.rule!r} (decoding {rule!r})"
+    elif c.rule == "threshold" and c.threshold is not None and abs(c.threshold - threshold) > 1e-9:
+        wrong = f"threshold {c.threshold} (decoding {threshold})"
+    if wrong is not None:
+        extra = f" stage.threshold={threshold}" if rule == "threshold" else ""
+        raise OrderModelMismatchError(
+            f"this order model learnt the commit order of {wrong}; train one for this decode with `python launch.py "
+            f"stage=spot model=... stage.rule={rule}{extra}` or point decoder.artifact at a matching order_model"
+        )
+
+
 class SpotDrafter(BlockDrafter):
     """Proposes ``budget`` hypothetical states per row, grown best-first by prefix mass under the order model."""
 
@@ -75,8 +97,13 @@ class SpotDrafter(BlockDrafter):
         self.model = order_model.eval()
         self.budget, self.gamma_floor, self.second_below, self.top_k = budget, gamma_floor, second_below, k
         self.forwards = 0  # order-model forwards so far (for reports)
+        self._checked: tuple[str, float] | None = None
 
     def propose(self, ctx: DraftContext) -> Drafts | None:
+        setting = (ctx.cfg.rule, ctx.cfg.threshold)
+        if setting != self._checked:
+            check_trained_for(self.model, *setting)
+            self._checked = setting
         return self.build_tree(ctx).drafts()
 
     @torch.no_grad()

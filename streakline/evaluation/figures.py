@@ -1,7 +1,8 @@
 """The papers' figures, drawn from evaluation records (``results.json``) with matplotlib (PNG, no display needed).
 
 - ``fig2_acceptance``: per-position acceptance alpha_j vs draft position j, one line per drafter (Fig. 2).
-- ``fig5_speedup_vs_k``: speedup vs K at several drafter temperatures (Fig. 5), from the K x tau grid rows.
+- ``fig5_speedup_vs_k``: speedup vs K at several drafter temperatures (Fig. 5), from the K x tau grid rows; the
+  title notes whether the drafts were i.i.d. or argmax-first (``settings.argmax_chain``).
 - ``fig7_speedup_vs_steps``: speedup and tokens per verifier call vs distillation steps, one line per method,
   the AR-drafter baseline as a horizontal line (Fig. 7); reads the sweep history as well as one run's records.
 - ``dllm_bars``: target forwards per generated token and forward reduction vs static for the block-diffusion
@@ -66,8 +67,21 @@ def fig2_acceptance(records: list[dict], path: str | Path, temperature: float = 
     return _save(fig, path)
 
 
+def fig5_drafting(rows: list[dict]) -> str | None:
+    """How the grid rows drew their K drafts, read from ``settings.argmax_chain`` (None when no row records it)."""
+    modes = {r["settings"].get("argmax_chain") for r in rows}
+    if modes == {False}:
+        return "drafts: K i.i.d. samples from q at tau_d"
+    if modes == {True}:
+        return "drafts: argmax-first (chain 0 the argmax, K-1 sampled)"
+    if modes == {None}:
+        return None  # records from before the setting existed
+    return "drafts: mixed (see settings.argmax_chain)"
+
+
 def fig5_speedup_vs_k(records: list[dict], path: str | Path) -> Path | None:
-    """Speedup vs K, one line per drafter temperature, from rows with ``settings.grid``."""
+    """Speedup vs K, one line per drafter temperature, from rows with ``settings.grid``; the title says whether the
+    drafts were i.i.d. or argmax-first."""
     rows = [r for r in records if r["settings"].get("grid") and r["speedup"] is not None]
     if not rows:
         return None
@@ -85,7 +99,9 @@ def fig5_speedup_vs_k(records: list[dict], path: str | Path) -> Path | None:
         ax.set(title=bench, xlabel="drafts per cycle K", ylabel="speedup over vanilla (x)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Speedup vs K at several drafter temperatures (Fig. 5)")
+    title = "Speedup vs K at several drafter temperatures (Fig. 5)"
+    note = fig5_drafting(rows)
+    fig.suptitle(f"{title}\n{note}" if note else title)
     return _save(fig, path)
 
 

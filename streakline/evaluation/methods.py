@@ -1,7 +1,7 @@
 """An evaluation method: one row family of the results table, a decoder with its drafter and settings.
 
     EvalMethod("streak", "diffusion_draft", drafter="runs/.../drafter", steps=300, distill_loss="streak")
-    EvalMethod("grid K=4 tau=1", "diffusion_draft", K=4, drafter_temperature=1.0, grid=True)
+    EvalMethod("grid K=4 tau=1", "diffusion_draft", K=4, drafter_temperature=1.0, argmax_chain=False, grid=True)
 
 Fields left None take the ``decoder`` config group's value when the method is decoded.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The settings a method may override; the rest of the decoder config is shared by every method.
-DECODER_OVERRIDES = ("K", "gamma", "rule", "budget", "prune", "gamma_floor", "drafter_temperature")
+DECODER_OVERRIDES = ("K", "gamma", "rule", "budget", "prune", "gamma_floor", "drafter_temperature", "argmax_chain")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class EvalMethod:
     K: int | None = None  # drafts per cycle
     gamma: int | None = None  # draft length
     drafter_temperature: float | None = None
+    argmax_chain: bool | None = None  # False: K i.i.d. drafts from q (the Fig. 5 grid); True: chain 0 the argmax
     rule: str | None = None  # spot / spiffy: the draft-free rule they reproduce
     budget: int | None = None  # spot / spiffy: draft states per forward
     prune: int | None = None  # spiffy: states kept after pruning

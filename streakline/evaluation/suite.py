@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from streakline.config import ConfigError
+from streakline.decoding.acceptance import get_rule
 from streakline.decoding.registry import (
     BLOCK,
     BLOCK_DRAFTED,
@@ -122,6 +123,7 @@ class EvalWorker:
                 "K": pick["K"],
                 "gamma": pick["gamma"],
                 "drafter_temperature": pick["drafter_temperature"],
+                "argmax_chain": pick["argmax_chain"],
             },
         )
         drafter_model = None if method.decoder == "vanilla" else self.model("drafter", method.drafter)
@@ -144,6 +146,8 @@ class EvalWorker:
             "acceptance": spec.acceptance,
             "grid": bool(method.grid),
             "drafter_temperature": decoder.drafter_temperature,
+            # what was drafted: chain 0 the argmax (True) or K i.i.d. draws from q (False; also when the rule needs it)
+            "argmax_chain": bool(spec.argmax_chain and not get_rule(spec.acceptance, spec.temperature, spec.K).iid),
             "method": method.distill_loss,
         }
         return run, settings

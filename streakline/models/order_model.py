@@ -60,6 +60,10 @@ class OrderModelConfig:
     heads: int = 8
     ffn: int = 512
     max_block: int = 64  # learned position slots: the largest block size the model can serve
+    # The draft-free decoder whose commit order it learnt (stage=spot records them; None: not recorded, not checked).
+    # Not part of the architecture: SpotDrafter refuses to draft for another rule or threshold.
+    rule: str | None = None
+    threshold: float | None = None  # only for rule="threshold"
 
     @property
     def n_features(self) -> int:

@@ -11,10 +11,11 @@ Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of e
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
 unaligned), every complete ``stage=distill`` run of this experiment (labelled by its method, with its training
 steps), the K x drafter-temperature grid of Fig. 5 on the distilled drafter with the best training-time decoder
-streak, and for the block-diffusion target ``static`` (the reference), ``threshold``, ``spiffy`` and ``spot`` when
-their stage artifacts exist. The methods run in ``evaluation/suite.py`` (``EvalMethod`` rows, in process or on Ray).
-Output: ``<run_root>/<experiment>/evaluate/<hash>/`` with ``results.json``, ``results.md``, ``figures/*.png``; the
-tables are printed and logged to W&B (offline without an API key).
+streak (K i.i.d. drafts, ``argmax_chain=False``, as in the paper), and for the block-diffusion target ``static``
+(the reference), ``threshold``, ``spiffy`` and ``spot`` when their stage artifacts exist. The methods run in
+``evaluation/suite.py`` (``EvalMethod`` rows, in process or on Ray). Output:
+``<run_root>/<experiment>/evaluate/<hash>/`` with ``results.json``, ``results.md``, ``figures/*.png``; the tables
+are printed and logged to W&B (offline without an API key).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class Evaluate(Stage):
     def check(self, cfg: DictConfig) -> None:
         if not cfg.stage.benchmarks or not cfg.stage.temperatures:
             raise ConfigError("stage.benchmarks and stage.temperatures must not be empty")
+        if cfg.decoder.acceptance == "exact_greedy" and any(T > 0 for T in cfg.stage.temperatures):
+            raise ConfigError(
+                "decoder.acceptance=exact_greedy is lossless only at temperature 0, but stage.temperatures="
+                f"{list(cfg.stage.temperatures)}; use decoder.acceptance=greedy_acceptance (it is exact_greedy at "
+                "temperature 0) or stage.temperatures=[0.0]"
+            )
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         """The methods (given or discovered: a new distill run changes the key), the settings and the models."""
@@ -128,12 +135,12 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
         )
     scored = [r for r in runs if r["decoder_streak"] is not None]
     grid_drafter = str(Path(max(scored, key=lambda r: r["decoder_streak"])["folder"]) / "drafter") if scored else None
-    for K in ev.k_grid:
+    for K in ev.k_grid:  # the paper's drafts: K i.i.d. samples at the drafter temperature (no argmax chain)
         for tau in ev.drafter_temperature_grid:
             methods.append(
                 EvalMethod(
                     f"grid K={K} tau={tau:g}", "diffusion_draft", drafter=grid_drafter, K=K, drafter_temperature=tau,
-                    grid=True,
+                    argmax_chain=False, grid=True,
                 )
             )  # fmt: skip
     if ev.block and cfg.model.get("target") is not None:

@@ -54,6 +54,8 @@ class Spiffy(Stage):
             raise ConfigError(f"stage.top_k must be >= 2 (token ranks j beyond it cannot be drafted), got {s.top_k}")
         if s.temperature < 0:
             raise ConfigError(f"stage.temperature must be >= 0, got {s.temperature}")
+        if not 0.0 < s.threshold <= 1.0:
+            raise ConfigError(f"stage.threshold must be in (0, 1], got {s.threshold}")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         return spiffy_key(cfg, required_tokenizer(cfg, "target", self.name))

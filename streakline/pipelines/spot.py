@@ -61,6 +61,8 @@ class Spot(Stage):
             raise ConfigError(f"stage.d_model={s.d_model} must be divisible by stage.heads={s.heads}")
         if s.temperature < 0:
             raise ConfigError(f"stage.temperature must be >= 0, got {s.temperature}")
+        if not 0.0 < s.threshold <= 1.0:
+            raise ConfigError(f"stage.threshold must be in (0, 1], got {s.threshold}")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         return spot_key(cfg, required_tokenizer(cfg, "target", self.name))
@@ -87,8 +89,9 @@ class Spot(Stage):
         data = build_examples(traces, horizon=s.horizon)
         train, heldout = split_by_prompt(data, s.heldout_fraction, s.seed)
         model_cfg = OrderModelConfig(
-            top_k=s.top_k, d_model=s.d_model, layers=s.layers, heads=s.heads, ffn=s.ffn, max_block=s.max_block
-        )
+            top_k=s.top_k, d_model=s.d_model, layers=s.layers, heads=s.heads, ffn=s.ffn, max_block=s.max_block,
+            rule=s.rule, threshold=float(s.threshold) if s.rule == "threshold" else None,
+        )  # fmt: skip
         train_cfg = SpotTrainConfig(steps=s.steps, batch_size=s.train_batch, lr=s.lr, seed=s.seed)
         model, fit = train_order_model(train, heldout, model_cfg, train_cfg)
         model.save(stage_run.add_output(ORDER_MODEL))

@@ -167,6 +167,7 @@ def test_model_presets_pair_the_expected_roles():
         (["trainer.precision=fp16"], "fp32, bf16"),
         (["decoder.acceptance=yes"], "exact_greedy, leviathan, greedy_acceptance, multidraft_leviathan"),
         (["decoder.selection=first"], "streak_score, longest"),
+        (["decoder.acceptance=exact_greedy", "decoder.temperature=1"], "lossless only at decoder.temperature=0"),
         (["decoder.name=beam"], "vanilla, ar_draft"),
         (["decoder.threshold=0"], "decoder.threshold"),
         (["launcher.name=k8s"], "local, slurm, ray"),

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from streakline.config import ConfigError, compose_config
 from streakline.config.overrides import OverrideError
 from streakline.config.schema import STAGE_SCHEMAS, EvaluateStage, SpotStage
+from streakline.pipelines import load_stage
 from streakline.pipelines.common.lookup import stage_overrides, stage_settings
 
 
@@ -69,3 +70,11 @@ def test_a_chained_stage_gets_its_own_settings_and_not_the_drivers():
 def test_bad_settings_are_refused_before_anything_runs(overrides, error, match):
     with pytest.raises(error, match=match):
         compose_config(overrides)
+
+
+def test_evaluate_refuses_exact_greedy_at_a_sampling_temperature():
+    """exact_greedy decodes greedily whatever the temperature: at T > 0 its rows would not be lossless."""
+    stage = load_stage("evaluate")
+    stage.check(compose_config(["stage=evaluate", "decoder.acceptance=exact_greedy", "stage.temperatures=[0.0]"]))
+    with pytest.raises(ConfigError, match=r"exact_greedy is lossless only at temperature 0.*temperatures=\[0.0, 1.0\]"):
+        stage.check(compose_config(["stage=evaluate", "decoder.acceptance=exact_greedy"]))

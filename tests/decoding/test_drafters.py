@@ -3,7 +3,10 @@
 import pytest
 import torch
 
+from streakline.config.schema import DecoderConfig
 from streakline.decoding.drafters import ARDrafter, DiffusionDrafter, draft_distribution, sample_chains
+from streakline.decoding.registry import speculative_setup
+from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import greedy_generate, left_pad
 from tests.decoding.helpers import MASK, V, causal_copy, random_drafter, verifier
 
@@ -64,6 +67,65 @@ def test_draft_distribution_and_chain_sampling():
     assert ((freq > 0) <= (q > 0)).all()  # never a token outside the top-k
     iid = sample_chains(q, 5, g, argmax_first=False)
     assert iid.shape == (2, 5, 3)
+
+
+class _RecordingDrafter(DiffusionDrafter):
+    """The real diffusion drafter, keeping every proposal the decoding loop asked it for."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.proposals = []
+
+    def propose(self, *args, **kwargs):
+        proposal = super().propose(*args, **kwargs)
+        self.proposals.append(proposal)
+        return proposal
+
+
+def _chi2_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of the token histogram against ``probs`` (cells expecting < 5 pooled)."""
+    counts = torch.bincount(tokens, minlength=probs.numel()).double()
+    expected = probs.double() * tokens.numel()
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    stat = (((obs - exp) ** 2) / exp)[keep].sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+@pytest.mark.parametrize(
+    "argmax_chain,acceptance,temperature,iid",
+    [
+        (False, "greedy_acceptance", 0.0, True),  # the setting: the one draft is a sample from q
+        (True, "greedy_acceptance", 0.0, False),  # the default: the one draft is q's argmax
+        (True, "leviathan", 1.0, True),  # a rule that needs i.i.d. drafts gets them whatever the setting
+    ],
+)
+def test_argmax_chain_setting_decides_how_the_k1_draft_is_drawn(argmax_chain, acceptance, temperature, iid):
+    """decoder config -> speculative_setup -> generate -> drafter: at K = 1 and tau_d = 1 the drafted first token
+    follows q (chi-square) when drafts are i.i.d., and is always q's argmax otherwise."""
+    n = 3000  # one prompt repeated: each row is an independent draw of the first cycle's draft
+    decoder = DecoderConfig(
+        name="diffusion_draft", K=1, gamma=1, temperature=temperature, drafter_temperature=1.0, top_k=0,
+        acceptance=acceptance, argmax_chain=argmax_chain, max_new_tokens=1,
+    )  # fmt: skip
+    spec, built = speculative_setup(decoder, random_drafter(seed=2), seed=5)
+    assert spec.argmax_chain is argmax_chain and spec.K == 1
+    drafter = _RecordingDrafter(built.model, temperature=built.temperature, top_k=built.top_k)
+    generate(verifier(seed=0), [[1, 2, 3]] * n, spec, drafter=drafter)
+    (proposal,) = drafter.proposals  # max_new_tokens=1: a single cycle
+    drafted = proposal.tokens[:, 0, 0]
+    q = proposal.q[0, 0]
+    torch.testing.assert_close(proposal.q[:, 0], q.expand(n, -1))  # the same q in every row
+    assert q.max() < 0.5  # a spread-out q, so sampled and argmax drafts look nothing alike
+    if iid:
+        assert _chi2_pvalue(drafted, q) > 1e-3
+        assert _chi2_pvalue(drafted, torch.full_like(q, 1 / q.numel())) < 1e-6  # the test can tell q from uniform
+        assert (drafted != q.argmax()).float().mean() > 0.5
+    else:
+        assert bool((drafted == q.argmax()).all())
 
 
 def test_drafter_without_mask_token_is_refused():

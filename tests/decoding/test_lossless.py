@@ -109,6 +109,27 @@ def test_greedy_acceptance_with_self_selection_is_lossless(model, exact):
     assert _chi2_pvalue(rare.tokens, exact) > 1e-3
 
 
+@pytest.mark.parametrize("K", [1, 4])
+def test_iid_drafts_without_an_argmax_chain_stay_lossless(model, exact, K):
+    """``argmax_chain=False`` (all K drafts sampled from q, SpecDiff-2's self-selection): at verifier temperature 0
+    the output is vanilla's token for token; at temperature 1 greedy acceptance still follows the verifier."""
+    prompts = [[1, 2, 3], [4], [5, 0, 2, 1]]
+    want = generate(model, prompts, SpecConfig(max_new_tokens=12)).tokens
+    for drafter in (
+        DiffusionDrafter(shifted_copy(model), temperature=1.0, top_k=None),
+        DiffusionDrafter(random_drafter(seed=4, vocab=V), temperature=2.0, top_k=None),
+    ):
+        cfg = SpecConfig(max_new_tokens=12, gamma=3, K=K, temperature=0.0, argmax_chain=False, seed=K)
+        res = generate(model, prompts, cfg, drafter=drafter)
+        assert res.tokens == want
+    assert res.metrics.alpha[0] > 0  # sampled drafts were accepted, not just replaced
+    if K == 1:
+        return  # one sampled check (with self-selection over K i.i.d. drafts) keeps the runtime down
+    cfg = SpecConfig(max_new_tokens=2, gamma=3, K=K, temperature=T, argmax_chain=False, seed=1)
+    drafter = DiffusionDrafter(shifted_copy(model), temperature=1.0, top_k=None)
+    assert _chi2_pvalue(generate(model, [PROMPT] * N, cfg, drafter=drafter).tokens, exact) > 1e-3
+
+
 def test_multidraft_leviathan_is_lossless(model, exact):
     drafter = DiffusionDrafter(random_drafter(seed=4, vocab=V), temperature=1.0, top_k=None)
     res = _sample(model, drafter, "multidraft_leviathan", K=4, gamma=2)

@@ -119,6 +119,9 @@ def test_bad_settings_are_refused():
             SpecConfig(max_new_tokens=4, K=3, temperature=1.0, acceptance="leviathan"),
             drafter=DiffusionDrafter(shifted_copy(model)),
         )
+    # exact_greedy keeps only the verifier's argmax: at T > 0 that is greedy decoding, not sampling (not lossless)
+    with pytest.raises(ValueError, match="exact_greedy is lossless only at temperature 0"):
+        generate(model, [[1]], SpecConfig(max_new_tokens=4, temperature=1.0, acceptance="exact_greedy"))
     with pytest.raises(ValueError, match="unknown acceptance"):
         generate(model, [[1]], SpecConfig(max_new_tokens=4, acceptance="best"))
     with pytest.raises(ValueError, match="decoder=ar_draft"):

@@ -2,6 +2,7 @@
 checks, and fewer forwards with a graph calibrated on the same random float64 target (block size 4) as
 tests/decoding/test_block_diffusion.py. Run: ``python -m pytest tests/decoding/test_spiffy.py``."""
 
+import dataclasses
 import json
 import math
 
@@ -243,3 +244,13 @@ def test_a_graph_for_another_target_rule_or_temperature_is_refused(model, traces
     for cfg, what in ((_cfg("threshold", 0.0), "stage.rule=threshold"), (_cfg("static", 1.0), "temperature=1.0")):
         with pytest.raises(GraphMismatchError, match=what):
             decode_blocks(model, ids, mask, cfg, drafter=SpiffyDrafter(graph, 3))
+    # the threshold rule at another tau commits in another order: refused too, and a static graph ignores tau
+    by_threshold = _graph(traces, "threshold", 0.0)
+    by_threshold.header["threshold"] = TAU[0.0]
+    other = dataclasses.replace(_cfg("threshold", 0.0), threshold=0.2)
+    with pytest.raises(GraphMismatchError, match=r"threshold 0.05 \(decoding 0.2\).*stage.threshold=0.2"):
+        decode_blocks(model, ids, mask, other, drafter=SpiffyDrafter(by_threshold, 3))
+    decode_blocks(model, ids, mask, _cfg("threshold", 0.0), drafter=SpiffyDrafter(by_threshold, 3))
+    decode_blocks(
+        model, ids, mask, dataclasses.replace(_cfg("static", 0.0), threshold=0.2), drafter=SpiffyDrafter(graph, 3)
+    )

@@ -11,7 +11,7 @@ import torch
 from streakline.alignment.block_traces import collect_traces
 from streakline.alignment.spot import SpotTrainConfig, build_examples, train_order_model
 from streakline.decoding.block_diffusion import BlockDecodeConfig, BlockDrafter, DraftContext, decode_blocks, stale_topk
-from streakline.decoding.spot import SpotDrafter
+from streakline.decoding.spot import OrderModelMismatchError, SpotDrafter
 from streakline.models.order_model import OrderModel, OrderModelConfig, order_features
 from tests.decoding.test_block_diffusion import MAX_NEW, _left_pad, _model, _prompts
 
@@ -170,3 +170,27 @@ def test_bad_settings_are_refused(order_model):
         SpotDrafter(order_model, 4, top_k=32)
     with pytest.raises(ValueError, match="gamma_floor"):
         SpotDrafter(order_model, 4, gamma_floor=1.5)
+
+
+def test_an_order_model_for_another_rule_or_threshold_is_refused(model, order_model):
+    """The commit order of static and of threshold at one tau are different things to learn: decoding with another
+    one would stay exact but draft badly, so it is refused with the command that trains the right model."""
+    ids, mask = _left_pad(_prompts((6,)))
+    as_trained = OrderModel(OrderModelConfig(**{**vars(order_model.config), "rule": "threshold", "threshold": 0.05}))
+    as_trained.load_state_dict(order_model.state_dict())
+    drafter = SpotDrafter(as_trained, 4)
+    same = BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="threshold", threshold=0.05)
+    assert decode_blocks(model, ids, mask, same, drafter=drafter).tokens == decode_blocks(model, ids, mask, same).tokens
+    for cfg, what in (
+        (BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="threshold", threshold=0.1), "threshold 0.05 .decoding 0.1."),
+        (
+            BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="static"),
+            "rule 'threshold' .decoding 'static'.*stage.rule=static",
+        ),
+    ):
+        with pytest.raises(OrderModelMismatchError, match=what):
+            decode_blocks(model, ids, mask, cfg, drafter=SpotDrafter(as_trained, 4))
+    # a model that recorded no rule (trained in memory, or saved before rules were recorded) is not checked
+    assert order_model.config.rule is None
+    decode_blocks(model, ids, mask, BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="threshold", threshold=0.1),
+                  drafter=SpotDrafter(order_model, 4))  # fmt: skip

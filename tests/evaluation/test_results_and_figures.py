@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from streakline.evaluation.figures import draw_all
+from streakline.evaluation.figures import draw_all, fig5_drafting
 from streakline.evaluation.results import RECORD_FIELDS, finalize, markdown, write_results
 
 
@@ -27,7 +27,8 @@ def _records():
     for K in (1, 4):
         for tau in (1.0, 2.0):
             recs.append(_rec(f"grid K={K} tau={tau}", "diffusion_draft", tps=100 + 10 * K * tau, drafter="/ckpt/200",
-                             settings={"grid": True, "K": K, "drafter_temperature": tau}))  # fmt: skip
+                             settings={"grid": True, "K": K, "drafter_temperature": tau,
+                                       "argmax_chain": False}))  # fmt: skip
     recs += [_rec("static", "static", family="block", tps=50.0, nfe_tok=1.0),
              _rec("spot", "spot", family="block", tps=100.0, nfe_tok=0.25, lossless=False)]  # fmt: skip
     return finalize(recs)
@@ -55,3 +56,13 @@ def test_write_results_and_figures(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
     # Nothing to draw: no file, no error.
     assert draw_all([r for r in recs if r["method"] == "vanilla"], tmp_path / "none") == {}
+
+
+def test_fig5_note_reads_the_drafting_from_the_rows():
+    grid = [r for r in _records() if r["settings"].get("grid")]
+    assert "i.i.d." in fig5_drafting(grid)
+    argmax = [{**r, "settings": {**r["settings"], "argmax_chain": True}} for r in grid]
+    assert "argmax-first" in fig5_drafting(argmax)
+    assert "mixed" in fig5_drafting(grid[:1] + argmax[1:])
+    old = [{**r, "settings": {k: v for k, v in r["settings"].items() if k != "argmax_chain"}} for r in grid]
+    assert fig5_drafting(old) is None  # rows from before the setting: no claim either way

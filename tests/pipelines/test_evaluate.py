@@ -44,6 +44,7 @@ def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
         assert r["new_tokens"] > 0 and r["nfe_per_token"] > 0 and r["speedup"] > 0
     spec = [r for r in records if r["family"] == "speculative" and r["decoder"] != "vanilla"]
     assert all(len(r["alpha"]) == r["settings"]["gamma"] for r in spec)
+    assert all(r["settings"]["argmax_chain"] is True for r in spec)  # decoder.argmax_chain's default, recorded
     sampled = [r for r in spec if r["temperature"] > 0]
     assert sampled and all("p_value" in r["lossless_check"] for r in sampled)
     md = open(evaluated.details["markdown"]).read()
@@ -77,3 +78,7 @@ def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
     )
     assert methods["streak"].steps == 40 and methods["streak"].drafter == str(run.dir / "drafter")
     assert methods["grid K=2 tau=1"].drafter == str(run.dir / "drafter")
+    grid = [m for m in methods.values() if m.grid]
+    assert len(grid) == 2 and all(m.argmax_chain is False for m in grid)  # the paper's i.i.d. drafts
+    assert all(m.argmax_chain is None for m in methods.values() if not m.grid)  # the decoder's setting
+    assert methods["grid K=1 tau=1"].as_dict()["argmax_chain"] is False  # part of the run key

@@ -99,10 +99,23 @@ def test_missing_graph_and_bad_settings_are_clear_errors(first, tmp_path):
     with pytest.raises(CheckpointError, match=wanted + "stage.rule=static stage.temperature=1.0 first"):
         locate(cfg, temperature=1.0)
     cfg.decoder.rule = "threshold"
-    with pytest.raises(CheckpointError, match="stage.rule=threshold stage.temperature=0.0 first"):
+    with pytest.raises(CheckpointError, match="stage.rule=threshold stage.threshold=0.9 stage.temperature=0.0 first"):
         locate(cfg)
     cfg.decoder.artifact = str(tmp_path)
     with pytest.raises(CheckpointError, match="not a Spiffy graph"):
         locate(cfg)
     with pytest.raises(ConfigError, match="stage.rule=spot is not a draft-free rule"):
         run_stage(_cfg(root, "stage.rule=spot"))
+
+
+def test_traces_use_the_configured_threshold_and_locate_matches_it(first):
+    """The threshold rule's tau reaches the traces (it once stayed at 0.9 whatever was set), the graph records it, and
+    decoder=spiffy finds the graph for its own tau only."""
+    root, _ = first
+    res = run_stage(_cfg(root, "stage.rule=threshold", "stage.threshold=0.6"))
+    assert SpiffyGraph.load(res.artifact).header["threshold"] == 0.6
+    cfg = attach_world(_cfg(root, "decoder.rule=threshold", "decoder.threshold=0.6"), progress=False)
+    assert locate(cfg) == Path(res.artifact)
+    cfg.decoder.threshold = 0.9
+    with pytest.raises(CheckpointError, match="stage.rule=threshold stage.threshold=0.9 stage.temperature=0.0 first"):
+        locate(cfg)

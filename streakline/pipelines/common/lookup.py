@@ -63,6 +63,15 @@ def stage_settings(cfg: DictConfig) -> dict[str, Any]:
     return settings
 
 
+def _trace_settings(cfg: DictConfig) -> dict[str, Any]:
+    """stage=spot's / stage=spiffy's settings for their key: ``threshold`` only counts for the threshold rule (the
+    static rule's traces do not depend on it, and runs from before it was a setting keep their folders)."""
+    settings = stage_settings(cfg)
+    if settings.get("rule") != "threshold":
+        settings.pop("threshold", None)
+    return settings
+
+
 def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     """What an order model depends on: the target preset (its folder included), its tokenizer, stage=spot's
     settings. (The settings keep the key ``spot``, so runs from before settings moved under ``stage`` keep their
@@ -72,7 +81,7 @@ def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     return {
         "target": OmegaConf.to_container(cfg.model.target, resolve=True),
         "tokenizer": tokenizer_hash(tokenizer),
-        "spot": stage_settings(cfg),
+        "spot": _trace_settings(cfg),
         "prompt_format": "prompt_text",  # raw text, as decode / evaluate encode prompts (was the chat template)
     }
 
@@ -85,7 +94,7 @@ def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     return {
         "target": OmegaConf.to_container(cfg.model.target, resolve=True),
         "tokenizer": tokenizer_hash(tokenizer),
-        "spiffy": stage_settings(cfg),
+        "spiffy": _trace_settings(cfg),
         "recipe": SPIFFY_RECIPE,
     }
 
@@ -102,7 +111,7 @@ def locate_order_model(cfg: DictConfig, temperature: float | None = None) -> Pat
                 "point it at the order_model/ folder of a stage=spot run"
             )
         return folder
-    wanted = {"rule": cfg.decoder.rule}
+    wanted = _rule(cfg)
     return _newest_run(cfg, "spot", wanted, "trained order model", "an order_model folder") / ORDER_MODEL
 
 
@@ -121,8 +130,15 @@ def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
             )
         return path
     T = float(cfg.decoder.temperature if temperature is None else temperature)
-    wanted = {"rule": cfg.decoder.rule, "temperature": T}
+    wanted = {**_rule(cfg), "temperature": T}
     return _newest_run(cfg, "spiffy", wanted, "Spiffy graph", "a graph.json") / GRAPH
+
+
+def _rule(cfg: DictConfig) -> dict[str, Any]:
+    """The draft-free rule an artifact must have been made for: ``decoder.rule``, with its threshold if it has one."""
+    if cfg.decoder.rule == "threshold":
+        return {"rule": "threshold", "threshold": float(cfg.decoder.threshold)}
+    return {"rule": cfg.decoder.rule}
 
 
 def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, artifact: str) -> Path:
