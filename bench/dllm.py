@@ -72,11 +72,17 @@ def main() -> None:
             "static": ("static", None),
             "threshold": ("threshold", None),
             "spiffy D=10 D*=3": ("static", block_drafter("spiffy", graph, {"prune": 3}, device=device)),
-            "spot D=8": ("static", block_drafter("spot", spot, {"budget": 8, "gamma_floor": None}, device=device)),
-            "spot D=20": ("static", block_drafter("spot", spot, {"budget": 20, "gamma_floor": None}, device=device)),
+            "spot D=8": (
+                "static",
+                block_drafter("spot", spot, {"budget": 8, "prefix_mass_floor": None}, device=device),
+            ),
+            "spot D=20": (
+                "static",
+                block_drafter("spot", spot, {"budget": 20, "prefix_mass_floor": None}, device=device),
+            ),
             "spot-gamma D=20": (
                 "static",
-                block_drafter("spot", spot, {"budget": 20, "gamma_floor": 0.02}, device=device),
+                block_drafter("spot", spot, {"budget": 20, "prefix_mass_floor": 0.02}, device=device),
             ),
         }
 

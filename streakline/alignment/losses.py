@@ -3,7 +3,7 @@
 Every loss is a registered component with one signature, ``(LossInput, LossSettings) -> LossOutput``:
 
     settings = LossSettings.from_config(cfg.method)
-    inp = LossInput(hidden, model.output_weight, labels, valid, temperature=cfg.method.drafter_temperature)
+    inp = LossInput(hidden, model.output_weight, labels, valid, temperature=1.5)  # q's temperature (stage=distill's)
     out = compute_loss(inp, settings)   # out.loss (scalar), out.metrics ("loss", "q_mean_j", "streak_q", ...)
     out.loss.backward()
 

@@ -83,6 +83,13 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
             out[position] = f"{CHECKPOINT_GROUP}@{key}={value}"
             continue
         plain = key.lstrip("+")
+        if plain in RENAMED:
+            new = RENAMED[plain]
+            if plain not in _WARNED:
+                _WARNED.add(plain)
+                print(f"streakline: {plain}= is now {new}= (the old name goes in the next release)", file=sys.stderr)
+            out[position] = f"{key[: len(key) - len(plain)]}{new}={value}"
+            continue
         setting = stage_setting(plain, stage)
         if setting is not None:
             out[position] = f"++settings.{setting}={value}"
@@ -92,6 +99,8 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
 
 
 _WARNED: set[str] = set()
+# Keys renamed for clarity; the old name still works for one release, with a note.
+RENAMED = {"decoder.gamma_floor": "decoder.prefix_mass_floor"}  # a probability, not a draft length like gamma
 
 
 def stage_setting(key: str, stage: str | None) -> str | None:

@@ -168,7 +168,9 @@ class MethodConfig:
     name: str = MISSING
     loss: str = MISSING  # LOSSES
     gamma: int | None = None  # None: the drafter preset's gamma
-    drafter_temperature: float = 1.0
+    # the drafter temperature q is trained at; None: decoder.drafter_temperature, so training sees the distribution
+    # the decoder drafts from (one setting for both unless you split them on purpose)
+    drafter_temperature: float | None = None
     lam: float = 0.9  # expce decay per window slot
     inclusive: bool = False  # ce_streak: weight slot m by the streak through m rather than m-1
     divergence: str = "fkl"  # DIVERGENCES
@@ -250,7 +252,7 @@ class DecoderConfig:
     rule: str = "static"  # the draft-free commit rule SPOT / Spiffy reproduce: static | threshold
     seed: int = 0  # coupled-noise key at temperature > 0 (block-diffusion decoders)
     prune: int = 3  # Spiffy's D*: graph states kept per forward after geometric-mean pruning
-    gamma_floor: float | None = None  # SPOT-gamma: drop tree nodes whose prefix mass is below this (0.02)
+    prefix_mass_floor: float | None = None  # SPOT-gamma: drop tree nodes whose prefix mass is below this (0.02)
     # order-model folder (spot) or graph JSON (spiffy); None: the output of this experiment's stage
     artifact: str | None = None
 
@@ -297,7 +299,7 @@ class EvalMethodConfig:
     rule: str | None = None  # spot / spiffy: the draft-free rule they reproduce
     budget: int | None = None
     prune: int | None = None
-    gamma_floor: float | None = None
+    prefix_mass_floor: float | None = None
     artifact: str | None = None
 
 

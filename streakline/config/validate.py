@@ -217,7 +217,8 @@ def _method(cfg: DictConfig) -> None:
     _choice(cfg, "method.divergence", DIVERGENCES)
     _choice(cfg, "method.teacher", TEACHERS)
     _at_least(cfg, "method.gamma", 1, optional=True)
-    _positive(cfg, "method.drafter_temperature")
+    if cfg.method.drafter_temperature is not None:
+        _positive(cfg, "method.drafter_temperature")
     _between(cfg, "method.lam", 0.0, 1.0)
     _between(cfg, "method.beta", 0.0, 1.0)
     _between(cfg, "method.onpolicy_mix", 0.0, 1.0)

@@ -101,7 +101,7 @@ def decoder_family(name: str) -> str:
 def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str = "cpu", target: str | None = None):
     """The SPOT or Spiffy drafter for ``decode_blocks(..., drafter=...)``. ``artifact``: the order-model folder
     (spot) or graph JSON (spiffy) from their stages; ``settings``: a mapping with ``budget`` (SPOT's tree size; a
-    Spiffy graph is cut to its first ``budget`` nodes, None = all), ``prune``, ``gamma_floor`` (``DecoderConfig``
+    Spiffy graph is cut to its first ``budget`` nodes, None = all), ``prune``, ``prefix_mass_floor`` (``DecoderConfig``
     fields); ``target``: the target's name, checked against a graph's header."""
     if name == "spot":
         from streakline.models.order_model import OrderModel
@@ -109,7 +109,7 @@ def block_drafter(name: str, artifact: str | Any, settings: Any, *, device: str 
         from .spot import SpotDrafter
 
         model = OrderModel.load(artifact, device=device).eval()
-        return SpotDrafter(model, budget=settings["budget"], gamma_floor=settings["gamma_floor"])
+        return SpotDrafter(model, budget=settings["budget"], prefix_mass_floor=settings["prefix_mass_floor"])
     if name == "spiffy":
         from .spiffy import SpiffyDrafter, SpiffyGraph
 

@@ -2,7 +2,7 @@
 
     from streakline.decoding.spot import SpotDrafter
     from streakline.models.order_model import OrderModel
-    drafter = SpotDrafter(OrderModel.load(folder), budget=8)               # gamma_floor=0.02 for SPOT-gamma
+    drafter = SpotDrafter(OrderModel.load(folder), budget=8)               # prefix_mass_floor=0.02 for SPOT-gamma
     res = decode_blocks(target, ids, mask, BlockDecodeConfig(rule="static", max_new_tokens=64), drafter=drafter)
 
 Before each verification forward ``decode_blocks`` hands the drafter the root (the real current state) and the
@@ -13,7 +13,7 @@ target would take), plus the rank-1 token when the rank-0 probability is below `
 prefix mass ``m(child) = m(parent) * q(pos | parent) * p~(token)`` with ``q`` the order model's softmax over the
 parent's eligible positions and ``p~`` the stale probability; nodes are added best-first by mass (the root is not
 counted) until ``budget`` nodes, so the tree is the ``budget`` heaviest states (a child never outweighs its parent).
-SPOT-gamma: candidates with mass below ``gamma_floor`` are never added, so easy blocks verify fewer states.
+SPOT-gamma: candidates with mass below ``prefix_mass_floor`` are never added, so easy blocks verify fewer states.
 
 A state reachable by two commit orders is added once (the first, heavier, order; the other is skipped): the
 verification walk matches states, not paths, so a duplicate would only waste budget.
@@ -82,20 +82,20 @@ class SpotDrafter(BlockDrafter):
         self,
         order_model: OrderModel,
         budget: int,
-        gamma_floor: float | None = None,
+        prefix_mass_floor: float | None = None,
         second_below: float = 0.6,
         top_k: int | None = None,
     ) -> None:
         if budget < 1:
             raise ValueError(f"budget (decoder.budget, D) must be >= 1, got {budget}")
-        if gamma_floor is not None and not 0.0 <= gamma_floor < 1.0:
-            raise ValueError(f"gamma_floor must be in [0, 1), got {gamma_floor}")
+        if prefix_mass_floor is not None and not 0.0 <= prefix_mass_floor < 1.0:
+            raise ValueError(f"prefix_mass_floor must be in [0, 1), got {prefix_mass_floor}")
         k = order_model.config.top_k
         if top_k is not None and top_k != k:
             # The features are the stale top-k; another k than the model was trained on would shift their meaning.
             raise ValueError(f"top_k={top_k} differs from the order model's top_k={k}; omit it to use the model's")
         self.model = order_model.eval()
-        self.budget, self.gamma_floor, self.second_below, self.top_k = budget, gamma_floor, second_below, k
+        self.budget, self.prefix_mass_floor, self.second_below, self.top_k = budget, prefix_mass_floor, second_below, k
         self.forwards = 0  # order-model forwards so far (for reports)
         self._checked: tuple[str, float] | None = None
 
@@ -153,8 +153,8 @@ class SpotDrafter(BlockDrafter):
             self.forwards += 1
             m = tree.mass[r, j][:, None, None] * q[..., None] * hyp_p[r]
             ok = eligible[..., None] & hyp_ok[r]
-            if self.gamma_floor is not None:
-                ok &= m >= self.gamma_floor
+            if self.prefix_mass_floor is not None:
+                ok &= m >= self.prefix_mass_floor
             cand[r, j] = m.masked_fill(~ok, float("-inf"))
 
         expand(ctx.active, torch.zeros(B, dtype=torch.long, device=dev))

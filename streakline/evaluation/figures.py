@@ -3,8 +3,9 @@
 - ``fig2_acceptance``: per-position acceptance alpha_j vs draft position j, one line per drafter (Fig. 2).
 - ``fig5_speedup_vs_k``: speedup vs K at several drafter temperatures (Fig. 5), from the K x tau grid rows; the
   title notes whether the drafts were i.i.d. or argmax-first (``settings.argmax_chain``).
-- ``fig7_speedup_vs_steps``: speedup and tokens per verifier call vs distillation steps, one line per method,
-  the AR-drafter baseline as a horizontal line (Fig. 7); reads the sweep history as well as one run's records.
+- ``fig7_speedup_vs_steps``: speedup and tokens per verifier call vs distillation steps, one line per
+  distillation loss starting at step 0 from the base drafter's row, the AR-drafter baseline as a horizontal line
+  (Fig. 7); reads the sweep history as well as one run's records.
 - ``dllm_bars``: target forwards per generated token and forward reduction vs static for the block-diffusion
   decoders (the SPOT paper's table as a chart).
 
@@ -22,6 +23,8 @@ from pathlib import Path
 import matplotlib
 
 from streakline.artifacts import atomic_file
+
+from .results import steps_curves
 
 matplotlib.use("Agg")  # before pyplot: no display on a cluster node or CI machine
 import matplotlib.pyplot as plt  # noqa: E402
@@ -49,6 +52,7 @@ def fig2_acceptance(records: list[dict], path: str | Path, temperature: float = 
         and r["temperature"] == temperature
         and r.get("alpha")
         and not r["settings"].get("grid")
+        and not r["settings"].get("curve")  # intermediate checkpoints are Fig. 7's
     ]
     if not rows:
         return None
@@ -105,32 +109,35 @@ def fig5_speedup_vs_k(records: list[dict], path: str | Path) -> Path | None:
     return _save(fig, path)
 
 
-def fig7_speedup_vs_steps(records: list[dict], path: str | Path, temperature: float = 0.0) -> Path | None:
-    """Speedup and tokens per verifier call vs distillation steps; the AR drafter as a horizontal line.
+def fig7_speedup_vs_steps(records: list[dict], path: str | Path, temperature: float | None = None) -> Path | None:
+    """Speedup and tokens per verifier call vs distillation steps, one line per distillation loss; the AR drafter as
+    a horizontal line.
 
-    Distilled rows carry ``steps`` and ``settings.method`` (the loss); rows of the same loss form one line."""
-    rows = [r for r in records if r["family"] == "speculative" and r["temperature"] == temperature and r["speedup"]]
-    trained = [r for r in rows if r.get("steps") is not None]
-    if not trained:
+    The points are the rows with ``steps`` (``results.steps_curves``): rows of one loss (``settings.distill_loss``,
+    or ``settings.method`` in histories written before the rename) form a line, and the base drafter's row (step 0,
+    no loss) starts every line. ``temperature``: the verifier temperature drawn; None: the lowest the points have
+    (where stage=evaluate puts its intermediate checkpoints)."""
+    temperature, curves = steps_curves(records, temperature)
+    if not curves:
         return None
-    benches = _benchmarks(trained)
+    benches = sorted(curves)
+    ar_rows = [
+        r for r in records
+        if r["family"] == "speculative" and r["temperature"] == temperature and r["decoder"] == "ar_draft"
+        and r.get("steps") is None and r.get("speedup")
+    ]  # fmt: skip
     fig, axes = plt.subplots(2, len(benches), figsize=(5.5 * len(benches), 7), squeeze=False)
     for col, bench in enumerate(benches):
-        lines: dict[str, dict[int, dict]] = defaultdict(dict)
-        for r in trained:
-            if r["benchmark"] == bench:
-                lines[r["settings"].get("method") or r["method"]][r["steps"]] = r  # the latest record wins
-        base = [r for r in rows if r["benchmark"] == bench and r["decoder"] == "ar_draft" and r.get("steps") is None]
+        ar = [r for r in ar_rows if r["benchmark"] == bench]
         for row, (key, label) in enumerate(
             (("speedup", "speedup over vanilla (x)"), ("tokens_per_verifier_call", "tokens per verifier call"))
         ):
             ax = axes[row][col]
-            for name in sorted(lines):
-                pts = sorted(lines[name].items())
+            for name, pts in curves[bench].items():
                 ax.plot([s for s, _ in pts], [r[key] for _, r in pts], marker="o", label=name)
-            if base:
-                ax.axhline(base[-1][key], color="black", ls="--", lw=1, label="AR drafter")
-            ax.set(xlabel="distillation steps", ylabel=label)
+            if ar:
+                ax.axhline(ar[-1][key], color="black", ls="--", lw=1, label="AR drafter")
+            ax.set(xlabel="distillation steps (0: the base drafter)", ylabel=label)
             if row == 0:
                 ax.set_title(f"{bench}, T={temperature:g}")
             ax.grid(alpha=0.3)

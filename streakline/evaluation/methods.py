@@ -2,6 +2,8 @@
 
     EvalMethod("streak", "diffusion_draft", drafter="runs/.../drafter", steps=300, distill_loss="streak")
     EvalMethod("grid K=4 tau=1", "diffusion_draft", K=4, drafter_temperature=1.0, argmax_chain=False, grid=True)
+    EvalMethod("streak@100", "diffusion_draft", drafter="runs/.../checkpoints/step-000100", steps=100,
+               distill_loss="streak", temperature=0.0, curve=True)
 
 Fields left None take the ``decoder`` config group's value when the method is decoded.
 """
@@ -13,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 # The settings a method may override; the rest of the decoder config is shared by every method.
-DECODER_OVERRIDES = ("K", "gamma", "rule", "budget", "prune", "gamma_floor", "drafter_temperature", "argmax_chain")
+DECODER_OVERRIDES = (
+    "K",
+    "gamma",
+    "rule",
+    "budget",
+    "prune",
+    "prefix_mass_floor",
+    "drafter_temperature",
+    "argmax_chain",
+)
 
 
 @dataclass(frozen=True)
@@ -21,7 +32,9 @@ class EvalMethod:
     name: str  # label in results and figures
     decoder: str  # a decoder of decoding.registry
     drafter: str | None = None  # checkpoint folder; None: the model preset's drafter
-    steps: int | None = None  # distillation steps of that checkpoint (Fig. 7's x axis); None: not a distilled one
+    # distillation steps of that checkpoint (Fig. 7's x axis); 0: the undistilled base drafter, where every Fig. 7
+    # line starts; None: not on Fig. 7
+    steps: int | None = None
     K: int | None = None  # drafts per cycle
     gamma: int | None = None  # draft length
     drafter_temperature: float | None = None
@@ -29,11 +42,13 @@ class EvalMethod:
     rule: str | None = None  # spot / spiffy: the draft-free rule they reproduce
     budget: int | None = None  # spot / spiffy: draft states per forward
     prune: int | None = None  # spiffy: states kept after pruning
-    gamma_floor: float | None = None  # spot: prefix-mass floor (a probability, not a draft length)
+    prefix_mass_floor: float | None = None  # spot: prefix-mass floor (a probability, not a draft length)
     # spot / spiffy: the artifact, or {str(temperature): artifact} when each temperature has its own (Spiffy graphs)
     artifact: str | dict[str, str] | None = None
     grid: bool = False  # a point of the Fig. 5 K x drafter-temperature grid
     distill_loss: str | None = None  # the loss the drafter was distilled with (Fig. 7 draws one line per loss)
+    temperature: float | None = None  # evaluate at this verifier temperature only; None: every stage.temperatures
+    curve: bool = False  # an intermediate checkpoint: a Fig. 7 point only (left out of Table 2 and Fig. 2)
 
     @classmethod
     def from_config(cls, node: Any) -> EvalMethod:

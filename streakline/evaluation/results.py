@@ -1,11 +1,15 @@
 """The evaluation's outputs: ``results.json`` (one record per method x benchmark x temperature) and
-``results.md`` (a Table-2-style speedup table and the block-diffusion NFE table).
+``results.md`` (a Table-2-style speedup table, the Fig. 7 points, and the block-diffusion NFE table).
 
 Record fields (``RECORD_FIELDS`` is the schema; tests check every record has them):
 
 - ``method``, ``decoder``, ``family`` (``speculative`` for verifier + drafter, ``block`` for block-diffusion
-  targets), ``drafter`` (checkpoint folder or None), ``steps`` (distillation steps of that drafter, or None),
-  ``benchmark``, ``temperature``, ``settings`` (K, gamma, drafter temperature, rule, budget, prune, ...);
+  targets), ``drafter`` (checkpoint folder or None), ``steps`` (distillation steps of that drafter; 0 for the
+  undistilled base drafter; None off Fig. 7), ``benchmark``, ``temperature`` (the verifier's), ``settings`` (K,
+  gamma, ``drafter_temperature`` (what the decoder drafts at), rule, budget, prune, ...; for rows with a drafter
+  also ``distill_loss``, ``curve`` (an intermediate checkpoint, a Fig. 7 point only), and the temperatures the
+  drafter was trained with: ``train_drafter_temperature``, ``data_temperature``, ``data_top_p``, None when
+  unknown or not distilled);
 - ``prompts``, ``new_tokens``, ``tokens_per_s``, ``speedup`` (tokens/s over the reference's on the same benchmark
   and temperature, measured in the same process: vanilla for ``speculative``, static for ``block``; the
   ``REFERENCE`` map, which ``streakline.decoding.registry`` defines and this module re-exports),
@@ -20,6 +24,7 @@ Record fields (``RECORD_FIELDS`` is the schema; tests check every record has the
 from __future__ import annotations
 
 import platform
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +90,95 @@ def finalize(records: list[dict]) -> list[dict]:
     return records
 
 
+def distill_loss(record: dict) -> str | None:
+    """The loss a row's drafter was distilled with: ``settings.distill_loss``, or ``settings.method`` in records
+    written before that key was renamed (sweep histories of earlier nights)."""
+    settings = record.get("settings") or {}
+    return settings.get("distill_loss") or settings.get("method")
+
+
+Curves = dict[str, dict[str, list[tuple[int, dict]]]]
+
+
+def steps_curves(records: list[dict], temperature: float | None = None) -> tuple[float | None, Curves]:
+    """Fig. 7's lines as ``(temperature, {benchmark: {loss: [(steps, record), ...]}})``, points sorted by steps.
+
+    The points are the speculative rows with ``steps`` and a speedup at ``temperature`` (None: the lowest
+    temperature such rows have, which is where stage=evaluate puts the intermediate checkpoints). A row at step 0
+    without a loss is the base drafter: it is the first point of every line of its benchmark. Of several rows of
+    one loss and step count the last wins (a sweep history is in night order)."""
+    rows = [r for r in records if r["family"] == "speculative" and r.get("steps") is not None and r.get("speedup")]
+    if temperature is None:
+        temperature = min((r["temperature"] for r in rows), default=None)
+    curves: Curves = {}
+    for bench in sorted({r["benchmark"] for r in rows}):
+        lines: dict[str, dict[int, dict]] = defaultdict(dict)
+        start = None
+        for r in rows:
+            if r["benchmark"] != bench or r["temperature"] != temperature:
+                continue
+            loss = distill_loss(r)
+            if loss is None and r["steps"] == 0:
+                start = r
+            else:
+                lines[loss or r["method"]][r["steps"]] = r
+        if lines:
+            for points in lines.values():
+                if start is not None:
+                    points.setdefault(0, start)
+            curves[bench] = {loss: sorted(lines[loss].items()) for loss in sorted(lines)}
+    return temperature, curves
+
+
 def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
     return "n/a" if x is None else f"{x:{spec}}{suffix}"
 
 
+def _speedup_cell(r: dict) -> str:
+    return f"{_fmt(r['speedup'], '.2f', 'x')} / {_fmt(r['accepted_per_cycle'])}" + ("" if r["lossless"] else " (LOSSY)")
+
+
+def _training_note(rows: list[dict]) -> list[str]:
+    """One footnote line: the temperatures each distilled drafter of the table was trained with (named by the first
+    row that drafts with it)."""
+    parts, seen = [], set()
+    for r in rows:
+        if r.get("drafter") in seen:
+            continue
+        seen.add(r.get("drafter"))
+        s = r["settings"]
+        tau, data_t, top_p = (s.get(k) for k in ("train_drafter_temperature", "data_temperature", "data_top_p"))
+        if tau is None and data_t is None:
+            continue
+        data = "" if data_t is None else f" on trajectories sampled at T={data_t:g}"
+        data += "" if data_t is None or top_p is None else f", top-p {top_p:g}"
+        parts.append(f"{r['method']} tau_q={_fmt(tau, 'g')}{data}")
+    if not parts:
+        return []
+    return ["Training temperatures of the distilled drafters (tau_q: the drafter's, in its loss): "
+            + "; ".join(parts) + ".", ""]  # fmt: skip
+
+
+def _curve_table(records: list[dict]) -> list[str]:
+    """The Fig. 7 points as a table: one row per loss and benchmark, one column per step count."""
+    temperature, curves = steps_curves(records)
+    lines = [(bench, loss, dict(points)) for bench, by_loss in curves.items() for loss, points in by_loss.items()]
+    if not lines:
+        return []
+    steps = sorted({s for _, _, points in lines for s in points})
+    head = " | ".join(str(s) for s in steps)
+    out = [f"## Speedup vs distillation steps (Fig. 7), T={temperature:g}", "", f"| loss | benchmark | {head} |",
+           "|---" * (len(steps) + 2) + "|"]  # fmt: skip
+    for bench, loss, points in lines:
+        cells = [_speedup_cell(points[s]) if s in points else "" for s in steps]
+        out.append(f"| {loss} | {bench} | " + " | ".join(cells) + " |")
+    return [*out, "", "Cells: speedup / mean accepted streak; step 0 is the base drafter, before distillation.", ""]
+
+
 def markdown(records: list[dict], meta: dict) -> str:
-    """``results.md``: the speedup table (Table 2 style) and the block-diffusion table."""
+    """``results.md``: the speedup table (Table 2 style) with a footnote of the distilled drafters' training
+    temperatures, the Fig. 7 points (speedup vs distillation steps) when the records hold some, tokens/s per row,
+    and the block-diffusion table."""
     lines = [f"# Evaluation: {meta.get('experiment', '')}", ""]
     hw = meta.get("hardware", {})
     lines += [
@@ -105,10 +193,7 @@ def markdown(records: list[dict], meta: dict) -> str:
         (
             "speculative",
             "## Speedup and mean accepted streak (Table 2)",
-            lambda r: (
-                f"{_fmt(r['speedup'], '.2f', 'x')} / {_fmt(r['accepted_per_cycle'])}"
-                + ("" if r["lossless"] else " (LOSSY)")
-            ),
+            _speedup_cell,
         ),
         (
             "block",
@@ -122,8 +207,9 @@ def markdown(records: list[dict], meta: dict) -> str:
         rows = [r for r in records if r["family"] == family]
         if not rows:
             continue
-        columns = sorted({(r["benchmark"], r["temperature"]) for r in rows})
-        methods = list(dict.fromkeys(r["method"] for r in rows))
+        table = [r for r in rows if not r["settings"].get("curve")]  # checkpoints' points: the Fig. 7 table
+        columns = sorted({(r["benchmark"], r["temperature"]) for r in table})
+        methods = list(dict.fromkeys(r["method"] for r in table))
         by_key = {(r["method"], r["benchmark"], r["temperature"]): r for r in rows}
         head = " | ".join(f"{b} T={t:g}" for b, t in columns)
         lines += [title, "", f"| method | {head} |", "|---" * (len(columns) + 1) + "|"]
@@ -132,18 +218,24 @@ def markdown(records: list[dict], meta: dict) -> str:
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
         if family == "speculative":
-            lines += ["Cells: speedup / mean accepted streak.", ""]
+            lines += ["Cells: speedup / mean accepted streak.", "", *_training_note(table), *_curve_table(rows)]
         else:
             lines += ["Cells: target forwards per generated token / forward reduction vs static.", ""]
         tps = [r for r in rows if r["tokens_per_s"]]
         if tps:
-            lines += ["| method | benchmark | T | tokens/s | tokens per verifier call | lossless |", "|---" * 6 + "|"]
+            drafted = family == "speculative"  # a tau_d column: the temperature the drafter drafted at
+            head = ["method", "benchmark", "T", *(["tau_d"] if drafted else []), "tokens/s",
+                    "tokens per verifier call", "lossless"]  # fmt: skip
+            lines += ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
             for r in tps:
-                lines.append(
-                    f"| {r['method']} | {r['benchmark']} | {r['temperature']:g} | {r['tokens_per_s']:.1f} | "
-                    f"{_fmt(r['tokens_per_verifier_call'])} | {'yes' if r['lossless'] else 'NO'} |"
-                )
+                tau = r["settings"].get("drafter_temperature")
+                cells = [r["method"], r["benchmark"], f"{r['temperature']:g}",
+                         *([_fmt(tau, "g") if tau is not None else ""] if drafted else []), f"{r['tokens_per_s']:.1f}",
+                         _fmt(r["tokens_per_verifier_call"]), "yes" if r["lossless"] else "NO"]  # fmt: skip
+                lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
+            if drafted:
+                lines += ["T: the verifier's temperature; tau_d: the drafter's, as it drafted (none for vanilla).", ""]
     return "\n".join(lines)
 
 

@@ -10,12 +10,14 @@ actors with ``launcher=ray`` (one :class:`EvalWorker` each, models built once pe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from streakline.artifacts import ArtifactError, Manifest, read_manifest
 from streakline.config import ConfigError
 from streakline.decoding.acceptance import get_rule
 from streakline.decoding.registry import (
@@ -49,6 +51,7 @@ class EvalWorker:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self._models: dict[str, Any] = {}
         self.eos = {role: job["eos"].get(role) for role in ("verifier", "target")}
+        self._trained: dict[str | None, dict[str, float | None]] = {}
 
     def model(self, role: str, path: str | None = None):
         from streakline.models import build
@@ -65,7 +68,11 @@ class EvalWorker:
         method = self.methods[index]
         fam = family(method.decoder)
         out = []
-        temps = [self.cfg.stage.grid_temperature] if method.grid else list(self.cfg.stage.temperatures)
+        temps = list(self.cfg.stage.temperatures)
+        if method.grid:
+            temps = [self.cfg.stage.grid_temperature]
+        elif method.temperature is not None:
+            temps = [method.temperature]
         for bench, prompts in self.prompts[fam].items():
             for temperature in temps:
                 if isinstance(method.artifact, dict) and str(float(temperature)) not in method.artifact:
@@ -109,7 +116,7 @@ class EvalWorker:
                 method.decoder, artifact, pick, device=self.device, target=self.cfg.model.target.name
             )
         run = run_block(self.model("target"), prompts, decode, drafter, batch_size=ev.batch_size)
-        settings = {"rule": rule, **({k: pick[k] for k in ("budget", "prune", "gamma_floor")} if drafter else {})}
+        settings = {"rule": rule, **({k: pick[k] for k in ("budget", "prune", "prefix_mass_floor")} if drafter else {})}
         return run, settings
 
     def _speculative(self, method: EvalMethod, prompts, temperature: float):
@@ -148,9 +155,57 @@ class EvalWorker:
             "drafter_temperature": decoder.drafter_temperature,
             # what was drafted: chain 0 the argmax (True) or K i.i.d. draws from q (False; also when the rule needs it)
             "argmax_chain": bool(spec.argmax_chain and not get_rule(spec.acceptance, spec.temperature, spec.K).iid),
-            "method": method.distill_loss,
+            "distill_loss": method.distill_loss,
+            "curve": bool(method.curve),
+            **self._training(method.drafter),
         }
         return run, settings
+
+    def _training(self, drafter: str | None) -> dict[str, Any]:
+        """The temperatures a drafter was trained with, read once per checkpoint (see :func:`training_temperatures`)."""
+        if drafter not in self._trained:
+            self._trained[drafter] = training_temperatures(drafter)
+        return self._trained[drafter]
+
+
+TRAINING_TEMPERATURES = ("train_drafter_temperature", "data_temperature", "data_top_p")
+
+
+def training_temperatures(drafter: str | None) -> dict[str, float | None]:
+    """``train_drafter_temperature`` (the distill run's ``method.drafter_temperature``, the temperature q was trained
+    at), ``data_temperature`` and ``data_top_p`` (how the verifier sampled the trajectories it was trained on) of a
+    drafter checkpoint: from the manifest of the ``stage=distill`` run that holds it (``<run>/drafter`` or
+    ``<run>/checkpoints/step-*``), and through its ``trajectories`` entry from that stage's manifest. None for what
+    is unknown: the preset's drafter, a folder from elsewhere, a manifest without the value."""
+    out: dict[str, float | None] = dict.fromkeys(TRAINING_TEMPERATURES)
+    if drafter is None:
+        return out
+    folder = Path(drafter)
+    found = (_manifest(run) for run in (folder.parent, folder.parent.parent))  # <run>/drafter, <run>/checkpoints/x
+    distill = next((m for m in found if m is not None and m.stage == "distill"), None)
+    if distill is None:
+        return out
+    out["train_drafter_temperature"] = _number((distill.config.get("method") or {}).get("drafter_temperature"))
+    shards = distill.config.get("trajectories")
+    data = _manifest(Path(shards).parent) if isinstance(shards, str) else None
+    if data is not None and data.stage == "trajectories":
+        sampling = data.config.get("data") or {}
+        out["data_temperature"] = _number(sampling.get("temperature"))
+        out["data_top_p"] = _number(sampling.get("top_p"))
+    return out
+
+
+def _manifest(folder: Path) -> Manifest | None:
+    if not (folder / "manifest.json").is_file():
+        return None
+    try:
+        return read_manifest(folder)
+    except ArtifactError:
+        return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def check_lossless(rows: list[dict]) -> None:

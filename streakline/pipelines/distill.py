@@ -67,7 +67,10 @@ class Distill(Stage):
             "drafter": drafter.path or drafter.hub_id,
             "trajectories": str(trajectories_dir(cfg)),
             "gamma": _gamma(cfg),
-            "method": OmegaConf.to_container(cfg.method, resolve=True),
+            "method": {
+                **OmegaConf.to_container(cfg.method, resolve=True),
+                "drafter_temperature": train_temperature(cfg),
+            },
             "trainer": trainer,
             "seed": cfg.seed,
         }
@@ -109,7 +112,7 @@ class Distill(Stage):
             drafter,
             LossSettings.from_config(method),
             mask_id=mask_id,
-            temperature=method.drafter_temperature,
+            temperature=train_temperature(cfg),
             verifier=verifier,
             onpolicy_mix=method.onpolicy_mix,
         )
@@ -166,6 +169,13 @@ class Distill(Stage):
 
 
 STAGE = Distill()
+
+
+def train_temperature(cfg: DictConfig) -> float:
+    """The drafter temperature the losses train q at: ``method.drafter_temperature``, or when it is None (the
+    default) ``decoder.drafter_temperature``, the temperature the decoder drafts at. The run key holds the value."""
+    tau = cfg.method.drafter_temperature
+    return float(cfg.decoder.drafter_temperature if tau is None else tau)
 
 
 def _gamma(cfg: DictConfig) -> int:

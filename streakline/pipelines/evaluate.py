@@ -9,9 +9,11 @@ losslessness checked on every run; ``results.json``, ``results.md`` and the figu
 
 Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row),
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
-unaligned), every complete ``stage=distill`` run of this experiment (labelled by its method, with its training
-steps), the K x drafter-temperature grid of Fig. 5 on the distilled drafter with the best training-time decoder
-streak (K i.i.d. drafts, ``argmax_chain=False``, as in the paper), and for the block-diffusion target ``static``
+unaligned: step 0 of Fig. 7), every complete ``stage=distill`` run of this experiment (labelled by its method, with
+its training steps), the K x drafter-temperature grid of Fig. 5 on the distilled drafter with the best
+training-time decoder streak (K i.i.d. drafts, ``argmax_chain=False``, as in the paper), each distill run's
+intermediate checkpoints (``checkpoints/step-*``, labelled ``<method>@<steps>``) at the lowest of
+``stage.temperatures`` only, for the Fig. 7 curves, and for the block-diffusion target ``static``
 (the reference), ``threshold``, ``spiffy`` and ``spot`` when their stage artifacts exist. The methods run in
 ``evaluation/suite.py`` (``EvalMethod`` rows, in process or on Ray). Output:
 ``<run_root>/<experiment>/evaluate/<hash>/`` with ``results.json``, ``results.md``, ``figures/*.png``; the tables
@@ -35,7 +37,7 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.results import hardware, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
 
-from .common.lookup import distill_runs, locate_block_artifact, stage_settings
+from .common.lookup import distill_checkpoints, distill_runs, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
@@ -123,16 +125,25 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     methods = [
         EvalMethod("vanilla", "vanilla"),
         EvalMethod("ar_draft", "ar_draft"),
-        EvalMethod("base", "diffusion_draft"),
+        EvalMethod("base", "diffusion_draft", steps=0),  # step 0 of every Fig. 7 line, evaluated once
     ]
     runs = distill_runs(cfg)
     names = [r["method"] for r in runs]
+    curve_temperature = min(float(T) for T in ev.temperatures)  # Fig. 7's (fig7_speedup_vs_steps picks the same)
+    curves = []
     for r in runs:
         label = r["method"] if names.count(r["method"]) == 1 else f"{r['method']}@{Path(r['folder']).name}"
         drafter = str(Path(r["folder"]) / "drafter")
         methods.append(
             EvalMethod(label, "diffusion_draft", drafter=drafter, steps=r["steps"], distill_loss=r["method"])
         )
+        # the run's intermediate checkpoints: Fig. 7 points at one temperature (the final one is the row above)
+        for steps, folder in distill_checkpoints(r):
+            if steps != r["steps"]:
+                curves.append(
+                    EvalMethod(f"{label}@{steps}", "diffusion_draft", drafter=folder, steps=steps,
+                               distill_loss=r["method"], temperature=curve_temperature, curve=True)
+                )  # fmt: skip
     scored = [r for r in runs if r["decoder_streak"] is not None]
     grid_drafter = str(Path(max(scored, key=lambda r: r["decoder_streak"])["folder"]) / "drafter") if scored else None
     for K in ev.k_grid:  # the paper's drafts: K i.i.d. samples at the drafter temperature (no argmax chain)
@@ -143,6 +154,7 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
                     argmax_chain=False, grid=True,
                 )
             )  # fmt: skip
+    methods += curves
     if ev.block and cfg.model.get("target") is not None:
         methods += [EvalMethod("static", "static"), EvalMethod("threshold", "threshold")]
         for name in BLOCK_DRAFTED:

@@ -27,12 +27,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from streakline.artifacts import StageRun, write_json_atomic
-from streakline.config import ConfigError
-from streakline.decoding.registry import BLOCK, block_decode_config
+from streakline.decoding.registry import block_decode_config
 
 from .common.lookup import GRAPH, spiffy_key
 from .common.prompts import encode_records, source_records
 from .common.roles import block_target, device, required_tokenizer
+from .common.traces import check_trace_settings
 from .runner import Stage, StageResult
 
 
@@ -42,20 +42,8 @@ class Spiffy(Stage):
 
     def check(self, cfg: DictConfig) -> None:
         """ConfigError for ``stage.*`` values the stage cannot run with."""
-        s = cfg.stage
-        if s.rule not in BLOCK:
-            raise ConfigError(f"stage.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
-        if not s.prompt_sources:
-            raise ConfigError("stage.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
-        for name in ("prompts", "max_new_tokens", "horizon", "budget", "batch_size"):
-            if s[name] < 1:
-                raise ConfigError(f"stage.{name} must be >= 1, got {s[name]}")
-        if s.top_k < 2:
-            raise ConfigError(f"stage.top_k must be >= 2 (token ranks j beyond it cannot be drafted), got {s.top_k}")
-        if s.temperature < 0:
-            raise ConfigError(f"stage.temperature must be >= 0, got {s.temperature}")
-        if not 0.0 < s.threshold <= 1.0:
-            raise ConfigError(f"stage.threshold must be in (0, 1], got {s.threshold}")
+        counts = ("prompts", "max_new_tokens", "horizon", "budget", "batch_size")
+        check_trace_settings(cfg.stage, counts, "token ranks j beyond it cannot be drafted")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         return spiffy_key(cfg, required_tokenizer(cfg, "target", self.name))

@@ -29,11 +29,12 @@ from omegaconf import DictConfig
 
 from streakline.artifacts import StageRun, write_json_atomic
 from streakline.config import ConfigError
-from streakline.decoding.registry import BLOCK, block_decode_config
+from streakline.decoding.registry import block_decode_config
 
 from .common.lookup import ORDER_MODEL, spot_key
 from .common.prompts import encode_records, source_records
 from .common.roles import block_target, device, required_tokenizer
+from .common.traces import check_trace_settings
 from .runner import Stage, StageResult
 
 
@@ -44,25 +45,14 @@ class Spot(Stage):
     def check(self, cfg: DictConfig) -> None:
         """ConfigError for ``stage.*`` values the stage cannot run with."""
         s = cfg.stage
-        if s.rule not in BLOCK:
-            raise ConfigError(f"stage.rule={s.rule} is not a draft-free rule; valid: {', '.join(BLOCK)}")
-        if not s.prompt_sources:
-            raise ConfigError("stage.prompt_sources is empty; name at least one benchmark (e.g. tiny-math-train)")
+        counts = ("max_new_tokens", "horizon", "batch_size", "num_shards", "steps", "train_batch", "layers")
+        check_trace_settings(s, counts, "the second token hypothesis")
         if s.prompts < 2:
             raise ConfigError(f"stage.prompts must be >= 2 (some are held out), got {s.prompts}")
         if not 0.0 < s.heldout_fraction < 1.0:
             raise ConfigError(f"stage.heldout_fraction must be in (0, 1), got {s.heldout_fraction}")
-        for name in ("max_new_tokens", "horizon", "batch_size", "num_shards", "steps", "train_batch", "layers"):
-            if s[name] < 1:
-                raise ConfigError(f"stage.{name} must be >= 1, got {s[name]}")
-        if s.top_k < 2:
-            raise ConfigError(f"stage.top_k must be >= 2 (the second token hypothesis), got {s.top_k}")
         if s.d_model % s.heads:
             raise ConfigError(f"stage.d_model={s.d_model} must be divisible by stage.heads={s.heads}")
-        if s.temperature < 0:
-            raise ConfigError(f"stage.temperature must be >= 0, got {s.temperature}")
-        if not 0.0 < s.threshold <= 1.0:
-            raise ConfigError(f"stage.threshold must be in (0, 1], got {s.threshold}")
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         return spot_key(cfg, required_tokenizer(cfg, "target", self.name))

@@ -7,7 +7,8 @@ been evaluated yet, append the points to a history file, and redraw speedup vs d
 ``stage.train`` (``settings.sweep.train`` in an experiment file) lists distill runs to train first (each
 ``"method=<name> [overrides]"``; a finished run is a cache hit, so a nightly job that keeps the same list costs
 nothing when nothing changed). Checkpoints are each run's ``checkpoints/step-*`` folders plus its final
-``drafter/``. Each night also measures ``vanilla`` (the
+``drafter/``, and step 0: the model preset's drafter before any distillation, evaluated once (the first night, or
+when the preset's drafter changes) and shared by every line. Each night also measures ``vanilla`` (the
 speedup reference) and ``ar_draft`` (the horizontal baseline) in the same process. Idempotent: a checkpoint
 already in the history (same folder) is skipped, so rerunning adds nothing.
 
@@ -32,7 +33,7 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.suite import evaluate_methods
 from streakline.world import attach_world
 
-from .common.lookup import distill_runs, stage_overrides
+from .common.lookup import distill_checkpoints, distill_runs, stage_overrides
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
@@ -80,17 +81,29 @@ STAGE = Sweep()
 
 
 def new_checkpoints(cfg: DictConfig, history: list[dict[str, Any]]) -> list[EvalMethod]:
-    """A method per checkpoint of this experiment's distill runs that the history lacks on some benchmark of
-    ``cfg`` (a stage=evaluate config)."""
+    """A method per checkpoint that the history lacks on some benchmark of ``cfg`` (a stage=evaluate config):
+    step 0 (the model preset's drafter, undistilled; every line starts there), then every checkpoint of this
+    experiment's distill runs."""
     seen = {(r.get("checkpoint"), r["benchmark"]) for r in history if r.get("checkpoint")}
-    methods = []
+
+    def new(ckpt: str) -> bool:
+        return not all((ckpt, b) in seen for b in cfg.stage.benchmarks)
+
+    methods = [EvalMethod("base", "diffusion_draft", steps=0)] if new(base_checkpoint(cfg)) else []
     for run_ in distill_runs(cfg):
-        for steps, ckpt in checkpoints(run_):
-            if all((ckpt, b) in seen for b in cfg.stage.benchmarks):
-                continue
-            label = f"{run_['method']}@{Path(run_['folder']).name}"
-            methods.append(EvalMethod(label, "diffusion_draft", drafter=ckpt, steps=steps, distill_loss=run_["method"]))
+        for steps, ckpt in distill_checkpoints(run_):
+            if new(ckpt):
+                label = f"{run_['method']}@{Path(run_['folder']).name}"
+                methods.append(
+                    EvalMethod(label, "diffusion_draft", drafter=ckpt, steps=steps, distill_loss=run_["method"])
+                )
     return methods
+
+
+def base_checkpoint(cfg: DictConfig) -> str:
+    """What the history calls step 0: the model preset's drafter (its folder, or its hub id)."""
+    node = cfg.model.drafter
+    return str(node.path or node.hub_id)
 
 
 def _evaluate(cfg: DictConfig, methods: list[EvalMethod]) -> list[dict[str, Any]]:
@@ -101,7 +114,8 @@ def _evaluate(cfg: DictConfig, methods: list[EvalMethod]) -> list[dict[str, Any]
     prompts, eos = evaluation_inputs(cfg, methods)
     records = evaluate_methods(cfg, methods, prompts, eos)
     for r in records:
-        r.update(night=night, checkpoint=r["drafter"] if r.get("steps") is not None else None)
+        checkpoint = (r["drafter"] or base_checkpoint(cfg)) if r.get("steps") is not None else None
+        r.update(night=night, checkpoint=checkpoint)
     return records
 
 
@@ -120,13 +134,3 @@ def read_history(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path} line {n} is not JSON ({e}); fix or delete that line") from e
     return records
-
-
-def checkpoints(run: dict[str, Any]) -> list[tuple[int, str]]:
-    """(steps, folder) of every checkpoint of a distill run, by steps; the final drafter unless a step checkpoint
-    of the same step count exists (it holds the same weights)."""
-    folder = Path(run["folder"])
-    found = {int(p.name.split("-")[1]): str(p) for p in folder.glob("checkpoints/step-*") if p.name[5:].isdigit()}
-    if run["steps"] is not None and run["steps"] not in found:
-        found[int(run["steps"])] = str(folder / "drafter")
-    return sorted(found.items())

@@ -78,3 +78,9 @@ def test_evaluate_refuses_exact_greedy_at_a_sampling_temperature():
     stage.check(compose_config(["stage=evaluate", "decoder.acceptance=exact_greedy", "stage.temperatures=[0.0]"]))
     with pytest.raises(ConfigError, match=r"exact_greedy is lossless only at temperature 0.*temperatures=\[0.0, 1.0\]"):
         stage.check(compose_config(["stage=evaluate", "decoder.acceptance=exact_greedy"]))
+
+
+def test_a_renamed_key_still_works_for_one_release(capsys):
+    cfg = compose_config(["decoder=spot", "decoder.gamma_floor=0.02"])
+    assert cfg.decoder.prefix_mass_floor == 0.02
+    assert "decoder.gamma_floor= is now decoder.prefix_mass_floor=" in capsys.readouterr().err

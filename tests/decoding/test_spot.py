@@ -58,7 +58,9 @@ def test_spot_output_equals_the_draft_free_decoder(model, order_model, rule, tem
         ids, mask = _left_pad(batch)
         plain = decode_blocks(model, ids, mask, cfg)
         for budget, floor in ((1, None), (4, None), (8, None), (8, 0.02)):
-            spec = decode_blocks(model, ids, mask, cfg, drafter=SpotDrafter(order_model, budget, gamma_floor=floor))
+            spec = decode_blocks(
+                model, ids, mask, cfg, drafter=SpotDrafter(order_model, budget, prefix_mass_floor=floor)
+            )
             assert spec.tokens == plain.tokens, (len(batch), budget, floor)
             assert sum(spec.commits_per_forward) == sum(plain.commits_per_forward)
             assert spec.nfe <= plain.nfe
@@ -105,7 +107,7 @@ def test_tree_invariants_and_best_first_order(model, order_model, temperature, f
     D = 6
     cfg = BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="static", temperature=temperature, seed=1)
     ids, mask = _left_pad(_prompts(PROMPTS))
-    drafter = SpotDrafter(order_model, D, gamma_floor=floor)
+    drafter = SpotDrafter(order_model, D, prefix_mass_floor=floor)
     rec = Recorder(drafter)
     decode_blocks(model, ids, mask, cfg, drafter=rec)
     assert len(rec.contexts) > 3
@@ -168,8 +170,8 @@ def test_bad_settings_are_refused(order_model):
         SpotDrafter(order_model, 0)
     with pytest.raises(ValueError, match="top_k"):
         SpotDrafter(order_model, 4, top_k=32)
-    with pytest.raises(ValueError, match="gamma_floor"):
-        SpotDrafter(order_model, 4, gamma_floor=1.5)
+    with pytest.raises(ValueError, match="prefix_mass_floor"):
+        SpotDrafter(order_model, 4, prefix_mass_floor=1.5)
 
 
 def test_an_order_model_for_another_rule_or_threshold_is_refused(model, order_model):

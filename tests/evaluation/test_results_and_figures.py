@@ -1,12 +1,16 @@
-"""results.json / results.md from hand-made records, and every figure from them. Run:
-``python -m pytest tests/evaluation/test_results_and_figures.py``."""
+"""results.json / results.md from hand-made records, every figure from them, and the training temperatures a row
+reads from its drafter's run manifests. Run: ``python -m pytest tests/evaluation/test_results_and_figures.py``."""
 
 import json
+import shutil
 
 import pytest
 
-from streakline.evaluation.figures import draw_all, fig5_drafting
-from streakline.evaluation.results import RECORD_FIELDS, finalize, markdown, write_results
+from streakline.artifacts import StageRun
+from streakline.evaluation import figures
+from streakline.evaluation.figures import draw_all, fig5_drafting, fig7_speedup_vs_steps
+from streakline.evaluation.results import RECORD_FIELDS, finalize, markdown, steps_curves, write_results
+from streakline.evaluation.suite import training_temperatures
 
 
 def _rec(method, decoder, bench="tiny-math", T=0.0, tps=100.0, nfe_tok=1.0, family="speculative", **kw):
@@ -20,10 +24,13 @@ def _rec(method, decoder, bench="tiny-math", T=0.0, tps=100.0, nfe_tok=1.0, fami
 
 
 def _records():
-    recs = [_rec("vanilla", "vanilla"), _rec("ar_draft", "ar_draft", tps=150.0, alpha=[0.8, 0.6])]
+    recs = [_rec("vanilla", "vanilla"), _rec("ar_draft", "ar_draft", tps=150.0, alpha=[0.8, 0.6]),
+            _rec("base", "diffusion_draft", tps=90.0, steps=0, alpha=[0.5, 0.1],
+                 settings={"distill_loss": None})]  # fmt: skip
     for steps, tps in ((100, 120.0), (200, 180.0)):
         recs.append(_rec(f"streak@{steps}", "diffusion_draft", tps=tps, steps=steps, alpha=[0.9, 0.5, 0.2],
-                         settings={"method": "streak"}, drafter=f"/ckpt/{steps}"))  # fmt: skip
+                         settings={"distill_loss": "streak", "curve": steps < 200}, drafter=f"/ckpt/{steps}",
+                         accepted_per_cycle=steps / 100))  # fmt: skip
     for K in (1, 4):
         for tau in (1.0, 2.0):
             recs.append(_rec(f"grid K={K} tau={tau}", "diffusion_draft", tps=100 + 10 * K * tau, drafter="/ckpt/200",
@@ -66,3 +73,80 @@ def test_fig5_note_reads_the_drafting_from_the_rows():
     assert "mixed" in fig5_drafting(grid[:1] + argmax[1:])
     old = [{**r, "settings": {k: v for k, v in r["settings"].items() if k != "argmax_chain"}} for r in grid]
     assert fig5_drafting(old) is None  # rows from before the setting: no claim either way
+
+
+def _drawn(monkeypatch):
+    """Keep the figures drawn (their axes are read back) instead of only writing them."""
+    kept = []
+    save = figures._save
+
+    def keep(fig, path):
+        kept.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(figures, "_save", keep)
+    return kept
+
+
+def test_fig7_draws_a_line_per_loss_each_starting_at_the_base_row(tmp_path, monkeypatch):
+    recs = _records()
+    recs += [_rec(f"ar_distill@{s}", "diffusion_draft", tps=tps, steps=s, settings={"distill_loss": "ar_distill"})
+             for s, tps in ((100, 95.0), (200, 110.0))]  # fmt: skip
+    # a line from a history written before the rename (settings.method), and a point at another temperature
+    recs += [_rec("expce@1", "diffusion_draft", tps=130.0, steps=150, settings={"method": "expce"}),
+             _rec("vanilla", "vanilla", T=1.0),
+             _rec("streak", "diffusion_draft", T=1.0, tps=10.0, steps=200,
+                  settings={"distill_loss": "streak"})]  # fmt: skip
+    recs = finalize(recs)
+    kept = _drawn(monkeypatch)
+    path = fig7_speedup_vs_steps(recs, tmp_path / "fig7.png")
+    assert path.read_bytes()[:4] == b"\x89PNG" and len(kept) == 1
+    speedup_ax = kept[0].axes[0]
+    assert "T=0" in speedup_ax.get_title()  # the lowest temperature with points
+    lines = {ln.get_label(): ln for ln in speedup_ax.get_lines()}
+    assert set(lines) == {"streak", "ar_distill", "expce", "AR drafter"}
+    base = 0.9  # the base row's speedup: 90 tokens/s over vanilla's 100
+    expected = {"streak": [0, 100, 200], "ar_distill": [0, 100, 200], "expce": [0, 150]}
+    for loss, steps in expected.items():
+        assert list(lines[loss].get_xdata()) == steps
+        assert lines[loss].get_ydata()[0] == pytest.approx(base)
+    assert list(lines["AR drafter"].get_ydata()) == pytest.approx([1.5, 1.5])
+    # The same points as data, at T=1 only the one row there (no base row at T=1: no step 0).
+    T, curves = steps_curves(recs, 1.0)
+    assert T == 1.0 and [s for s, _ in curves["tiny-math"]["streak"]] == [200]
+    # Nothing distilled: no figure, even with the base row.
+    assert fig7_speedup_vs_steps([r for r in recs if r.get("steps") in (None, 0)], tmp_path / "none.png") is None
+
+
+def test_markdown_has_the_fig7_points_and_the_training_temperatures():
+    recs = _records()
+    for r in recs:
+        if r["method"].startswith("streak@"):
+            r["settings"].update(train_drafter_temperature=1.5, data_temperature=0.5, data_top_p=0.95,
+                                 drafter_temperature=1.5)  # fmt: skip
+    md = markdown(recs, {"experiment": "x"})
+    table2 = md.split("## Speedup and mean accepted streak (Table 2)")[1].split("Cells:")[0]
+    assert "| streak@200 |" in table2 and "| streak@100 |" not in table2  # a checkpoint's point: the Fig. 7 table
+    assert "## Speedup vs distillation steps (Fig. 7), T=0" in md
+    assert "| loss | benchmark | 0 | 100 | 200 |" in md
+    assert "| streak | tiny-math | 0.90x / 0.00 | 1.20x / 1.00 | 1.80x / 2.00 |" in md
+    assert "streak@200 tau_q=1.5 on trajectories sampled at T=0.5, top-p 0.95" in md
+    assert "| method | benchmark | T | tau_d | tokens/s |" in md
+    assert "| streak@100 | tiny-math | 0 | 1.5 | 120.0 |" in md
+
+
+def test_training_temperatures_follow_the_drafter_to_its_runs(tmp_path):
+    with StageRun(tmp_path, "x", "trajectories", {"data": {"temperature": 0.7, "top_p": 0.9}}) as traj:
+        (traj.dir / "shards").mkdir()
+    key = {"method": {"name": "streak", "drafter_temperature": 1.5}, "trajectories": str(traj.dir / "shards")}
+    with StageRun(tmp_path, "x", "distill", key) as run:
+        (run.dir / "checkpoints" / "step-000002").mkdir(parents=True)
+        (run.dir / "drafter").mkdir()
+    want = {"train_drafter_temperature": 1.5, "data_temperature": 0.7, "data_top_p": 0.9}
+    assert training_temperatures(str(run.dir / "drafter")) == want
+    assert training_temperatures(str(run.dir / "checkpoints" / "step-000002")) == want
+    unknown = dict.fromkeys(want)
+    assert training_temperatures(None) == unknown  # the preset's drafter
+    assert training_temperatures(str(tmp_path / "elsewhere" / "drafter")) == unknown
+    shutil.rmtree(traj.dir)  # trajectories gone: the drafter's own temperature is still known
+    assert training_temperatures(str(run.dir / "drafter")) == {**unknown, "train_drafter_temperature": 1.5}

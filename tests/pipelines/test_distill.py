@@ -11,9 +11,12 @@ import pytest
 import torch
 
 from streakline.alignment.trainer import FAULT_SIGTERM_AT
+from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
+from streakline.config.schema import DecoderConfig
 from streakline.models import load_pretrained
 from streakline.pipelines import run_stage
+from streakline.pipelines.distill import train_temperature
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = [
@@ -120,6 +123,17 @@ def test_lora_exports_a_merged_checkpoint(world):
     assert changed and all(
         k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in changed
     )
+
+
+def test_the_losses_train_at_the_decoders_drafter_temperature_unless_told_otherwise(streak_run):
+    """One setting for both by default: q is trained at decoder.drafter_temperature, and the run key (manifest)
+    records the temperature actually used."""
+    assert (
+        read_manifest(streak_run.folder).config["method"]["drafter_temperature"] == DecoderConfig().drafter_temperature
+    )
+    assert train_temperature(compose_config(["stage=distill", "decoder.drafter_temperature=2.0"])) == 2.0
+    both = ["stage=distill", "decoder.drafter_temperature=2.0", "method.drafter_temperature=0.5"]
+    assert train_temperature(compose_config(both)) == 0.5
 
 
 def test_distillspec_reads_stored_teacher_logprobs(world):

@@ -70,9 +70,18 @@ def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
     # A complete distill run of this experiment (its drafter: a copy of the world's).
     with StageRun(tmp_path, cfg.experiment.name, "distill", {"method": {"name": "streak"}}) as run:
         shutil.copytree(cfg.model.drafter.path, run.dir / "drafter")
+        for step in (20, 40):  # an intermediate checkpoint, and the final one (the drafter/ row)
+            shutil.copytree(cfg.model.drafter.path, run.dir / "checkpoints" / f"step-{step:06d}")
         run.add_output("drafter")
         run.metrics.update(steps=40, **{"eval/tiny-math/decoder_streak": 1.5})
     methods = {m.name: m for m in discover(cfg)}
+    # Fig. 7: the base drafter is step 0 (evaluated once, at every temperature); the intermediate checkpoint is a
+    # point at the lowest temperature only; the final checkpoint is the run's own row, not a second one.
+    assert methods["base"].steps == 0 and methods["base"].temperature is None and not methods["base"].curve
+    curve = methods["streak@20"]
+    assert (curve.steps, curve.temperature, curve.curve, curve.distill_loss) == (20, 0.0, True, "streak")
+    assert curve.drafter == str(run.dir / "checkpoints" / "step-000020")
+    assert "streak@40" not in methods and not methods["streak"].curve and methods["streak"].temperature is None
     assert {"vanilla", "ar_draft", "base", "streak", "grid K=1 tau=1", "grid K=2 tau=1", "static", "threshold"} <= set(
         methods
     )

@@ -106,7 +106,7 @@ def test_locate_finds_the_newest_matching_run_or_says_what_to_run(first, tmp_pat
     with pytest.raises(CheckpointError, match=r"python launch.py stage=spot model=micro stage.rule=static first"):
         locate(_cfg(root, "never-ran"))
     with pytest.raises(CheckpointError, match=r"\(1 complete run\(s\) there have other settings\); run python "
-                       r"launch.py stage=spot model=micro stage.rule=threshold first"):  # fmt: skip
+                       r"launch.py stage=spot model=micro stage.rule=threshold stage.threshold=0.9 first"):  # fmt: skip
         locate(_cfg(root, "spot", "decoder.rule=threshold"))  # traces of another rule: another commit order
     with pytest.raises(CheckpointError, match="not an order-model folder"):
         locate(_cfg(root, "spot", f"decoder.artifact={tmp_path}"))

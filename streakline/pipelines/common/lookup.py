@@ -10,6 +10,7 @@ and its consumers compute the same folder without importing each other:
 | SPOT order model (``order_model/``) | ``spot_key`` | ``locate_order_model``: newest match (decoder=spot) |
 | Spiffy graph (``graph.json``) | ``spiffy_key`` | ``locate_graph``: newest match (decoder=spiffy) |
 | distilled drafters (``drafter/``) | the distill stage's own key | ``distill_runs`` (stage=evaluate, stage=sweep) |
+| their checkpoints (``checkpoints/step-*``) | the same | ``distill_checkpoints`` (Fig. 7: evaluate, sweep) |
 
 Trajectories are found by their key (distill must train on exactly the data its settings name). Order models and
 graphs are found by what the decoder needs (same target and tokenizer; the rule, and for a graph the temperature),
@@ -184,7 +185,7 @@ def locate_block_artifact(cfg: DictConfig, decoder: str, temperature: float | No
 # --------------------------------------------------------------------------------------------- distill
 def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
     """Complete ``stage=distill`` runs of this experiment: ``{"folder", "method", "steps", "decoder_streak"}``,
-    oldest first. Intermediate checkpoints (``checkpoints/step-*``) are the sweep's business."""
+    oldest first. A run's intermediate checkpoints are listed by :func:`distill_checkpoints`."""
     runs = []
     for manifest_path in sorted(Path(cfg.run_root, cfg.experiment.name, "distill").glob("*/manifest.json")):
         try:
@@ -204,6 +205,16 @@ def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
             }
         )
     return sorted(runs, key=lambda r: r["finished_at"])
+
+
+def distill_checkpoints(run: dict[str, Any]) -> list[tuple[int, str]]:
+    """(steps, folder) of every checkpoint of a :func:`distill_runs` run, by steps: each ``checkpoints/step-*``
+    folder, and the final ``drafter/`` unless a step checkpoint of the same step count exists (same weights)."""
+    folder = Path(run["folder"])
+    found = {int(p.name.split("-")[1]): str(p) for p in folder.glob("checkpoints/step-*") if p.name[5:].isdigit()}
+    if run["steps"] is not None and run["steps"] not in found:
+        found[int(run["steps"])] = str(folder / "drafter")
+    return sorted(found.items())
 
 
 # --------------------------------------------------------------------------------------------- chains of stages
