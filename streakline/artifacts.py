@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import IO, Any
 
+from streakline.faults import kill_point
+
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
@@ -132,6 +134,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        kill_point(f"atomic:{path.name}")  # the kill harness: a temp file complete, not yet in place
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -291,6 +294,21 @@ def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str]:
     return versions
 
 
+# atomic_file's temp names: ".<name>.<8 hex>.tmp"
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
+
+
+def sweep_temp_files(folder: str | os.PathLike) -> int:
+    """Delete the temp files ``atomic_file`` leaves when a process is killed mid-write (never a finished file),
+    anywhere under ``folder``; returns how many. A stage run calls it on start: its folder is its own."""
+    n = 0
+    for path in Path(folder).rglob(".*.tmp"):
+        if path.is_file() and _TEMP_NAME.match(path.name):
+            path.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
 class StageRun:
     """Context manager for one stage run: makes the folder, then writes the manifest last, complete or failed.
 
@@ -332,7 +350,10 @@ class StageRun:
         return self.dir / rel
 
     def __enter__(self) -> StageRun:
-        run_dir(self.root, self.experiment, self.stage, self.cfg_hash)
+        folder = run_dir(self.root, self.experiment, self.stage, self.cfg_hash)
+        swept = sweep_temp_files(folder)
+        if swept:
+            log.info("removed %d temp file(s) a killed run left in %s", swept, folder)
         self._started_at = _utc_now()
         return self
 

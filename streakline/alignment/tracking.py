@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,33 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+# A process killed outright (SIGKILL, OOM) leaves its W&B service holding the run id for a few seconds; a rerun
+# that resumes the same id waits this long in all before it gives up on W&B for this run.
+WANDB_ID_WAITS = (1.0, 2.0, 4.0, 8.0)
+
+
+def _init_wandb(wandb, kwargs: dict, jsonl: Path):
+    """``wandb.init(**kwargs)``: offline when this machine has no API key; retried while a killed run's service
+    still holds the id; and when W&B cannot start at all, None with one line saying so (the metrics log in
+    ``jsonl`` is complete either way: telemetry never stops a training run)."""
+    waits = list(WANDB_ID_WAITS)
+    while True:
+        try:
+            return wandb.init(**kwargs)
+        except wandb.errors.UsageError as e:  # no API key on this machine: keep the run, log it offline
+            if kwargs.get("mode") == "offline":
+                print(f"W&B: {e}; metrics go to {jsonl} only")
+                return None
+            print(f"W&B: {e}; logging offline under {jsonl.parent / 'wandb'} (upload later with `wandb sync`)")
+            kwargs = {**kwargs, "mode": "offline"}
+        except Exception as e:  # noqa: BLE001 - any W&B failure must not cost the run
+            if "in use" in str(e) and waits:
+                time.sleep(waits.pop(0))
+                continue
+            print(f"W&B: could not start ({type(e).__name__}: {e}); metrics go to {jsonl} only")
+            return None
 
 
 def experiment_project(base: str | None, experiment: str) -> str | None:
@@ -66,11 +94,7 @@ class Tracker:
                 dir=str(self.path.parent),
                 reinit="finish_previous",
             )
-            try:
-                self.wandb = wandb.init(**kwargs)
-            except wandb.errors.UsageError as e:  # no API key on this machine: keep the run, log it offline
-                print(f"W&B: {e}; logging offline under {self.path.parent / 'wandb'} (upload later with `wandb sync`)")
-                self.wandb = wandb.init(mode="offline", **kwargs)
+            self.wandb = _init_wandb(wandb, kwargs, self.path)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         if not self.enabled:

@@ -16,6 +16,7 @@ the process a SIGTERM after step n.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -29,12 +30,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from streakline.artifacts import atomic_file, write_json_atomic
+from streakline.faults import kill_point
 from streakline.models import Transformer
 
 from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
 
 FAULT_SIGTERM_AT = "STREAKLINE_FAULT_SIGTERM_AT_STEP"
+EXPORTED = "exported.json"  # in the DeepSpeed folder: the tag and folder of the last finished export
 
 
 def summarize(result: dict[str, Any]) -> str:
@@ -178,7 +182,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
-        """Load the latest DeepSpeed checkpoint of this run folder, if any; return the step to continue from."""
+        """Load the latest DeepSpeed checkpoint of this run folder, if any; return the step to continue from.
+
+        A run killed at any point resumes from what its last checkpoint holds: the export of that checkpoint is
+        redone when the kill came between the two (``EXPORTED`` names the last finished export), and the metrics
+        log loses the lines of steps after the checkpoint, which the resumed run logs again."""
         latest = self.ds_dir / "latest"
         if not latest.is_file():
             return 0
@@ -186,9 +194,18 @@ class Trainer:
         state = self.strategy.load(self.engine, self.ds_dir, tag)
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["py_rng"])
+        step = int(state["step"])
         if self.strategy.is_main:
-            print(f"distill: resumed from {self.ds_dir / tag} at step {state['step']}")
-        return int(state["step"])
+            print(f"distill: resumed from {self.ds_dir / tag} at step {step}")
+            self._forget_logged_after(step)
+        exported = self._exported()
+        if exported is not None and exported["tag"] == tag and Path(exported["path"]).is_dir():
+            self.last_export = Path(exported["path"])
+        elif self.export is not None:
+            if self.strategy.is_main:
+                print(f"distill: the checkpoint at step {step} was never exported; exporting it now")
+            self._export(step, tag)
+        return step
 
     # ------------------------------------------------------------------ loop
     def fit(self, start_step: int = 0) -> dict[str, Any]:
@@ -240,16 +257,54 @@ class Trainer:
             bar.close()
             for sig, old in handlers.items():
                 signal.signal(sig, old)
+        if start_step >= c.max_steps and self.strategy.is_main:  # resumed at the end: no step left to log
+            last = self.logged_at(c.max_steps)
         return last
 
     def save(self, step: int) -> None:
         tag = f"step-{step:06d}"
         state = {"step": step, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
         self.strategy.save(self.engine, self.ds_dir, tag, state)
-        full = self.strategy.full_state_dict(self.engine, self.ds_dir, tag)
-        if full is not None and self.export is not None:
+        kill_point(f"distill:checkpointed:{tag}")
+        self._export(step, tag)
+
+    def _export(self, step: int, tag: str) -> None:
+        """Export checkpoint ``tag`` (collective under ZeRO-3) and record it in ``EXPORTED`` once it is whole."""
+        full = self.strategy.full_state_dict(self.engine, self.ds_dir, tag) if self.export is not None else None
+        if full is not None:
             self.last_export = self.export(step, full)
+            kill_point(f"distill:exported:{tag}")
+            write_json_atomic(self.ds_dir / EXPORTED, {"tag": tag, "path": str(self.last_export)})
         self.strategy.barrier()
+
+    def _exported(self) -> dict[str, str] | None:
+        path = self.ds_dir / EXPORTED
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _forget_logged_after(self, step: int) -> None:
+        """Drop the metrics log's lines for steps after ``step`` (logged before a kill, about to be logged again),
+        so a resumed run's log equals an uninterrupted one's."""
+        path = getattr(self.tracker, "path", None)
+        if path is None or not Path(path).is_file():
+            return
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        kept = [json.dumps(r) for r in _records(lines) if r.get("step", 0) <= step]
+        if len(kept) != len(lines):
+            with atomic_file(path, "w") as f:
+                f.writelines(line + "\n" for line in kept)
+
+    def logged_at(self, step: int) -> dict[str, Any]:
+        """Every metric the log holds for ``step`` (what ``fit`` returns when a resumed run has no step left)."""
+        path = getattr(self.tracker, "path", None)
+        out: dict[str, Any] = {}
+        if path is not None and Path(path).is_file():
+            for record in _records(Path(path).read_text(encoding="utf-8").splitlines()):
+                if record.get("step") == step:
+                    out.update({k: v for k, v in record.items() if k != "step"})
+        return out
 
     def _trap_signals(self) -> dict:
         def handler(signum, frame):
@@ -264,3 +319,16 @@ class Trainer:
             except ValueError:  # not the main thread (e.g. inside a test runner thread): no signal handling
                 pass
         return old
+
+
+def _records(lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON records of a metrics log; a torn last line (the process killed mid-write) is left out."""
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out

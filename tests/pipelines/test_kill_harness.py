@@ -1,0 +1,126 @@
+"""The kill harness: a stage's process SIGKILLed at named points across its life (``streakline/faults.py``), then
+rerun, must finish with exactly the outputs of an uninterrupted run, and leave no temp file behind.
+
+distill is killed four times in a row on one run (mid training after a checkpoint; after the last checkpoint but
+before its export, which once left a run that could never finish; after the export but before it was recorded;
+during the manifest write), trajectories, spot and spiffy once each while a shard or the graph is being written.
+Run: ``python -m pytest tests/pipelines/test_kill_harness.py``."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.alignment.block_traces import read_trace_shards
+from streakline.artifacts import read_manifest
+from streakline.config import compose_config
+from streakline.data.trajectories import load_trajectories
+from streakline.faults import KILL_AT
+from streakline.models import load_pretrained
+from streakline.pipelines import run_stage
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ["data.max_prompts=12", "data.samples_per_prompt=1", "data.max_new_tokens=16", "data.num_shards=2",
+        "data.batch_size=6", "data.prompt_sources=[tiny-math-train]", "data.mix_weights=[]"]  # fmt: skip
+TRAIN = ["method=ce_streak", "trainer.max_steps=6", "trainer.save_every=3", "trainer.eval_every=6",
+         "trainer.log_every=1", "trainer.eval_prompts=2", "trainer.micro_batch_size=2",
+         "trainer.windows_per_seq=4"]  # fmt: skip
+SPOT = ["stage.prompt_sources=[tiny-math-train]", "stage.prompts=6", "stage.max_new_tokens=16", "stage.num_shards=2",
+        "stage.batch_size=3", "stage.top_k=8", "stage.horizon=3", "stage.d_model=32", "stage.layers=1",
+        "stage.heads=4", "stage.ffn=64", "stage.max_block=8", "stage.steps=10", "stage.train_batch=16"]  # fmt: skip
+SPIFFY = ["stage.prompt_sources=[tiny-math-train]", "stage.prompts=4", "stage.max_new_tokens=16", "stage.horizon=3",
+          "stage.budget=4", "stage.batch_size=4", "stage.top_k=8"]  # fmt: skip
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+
+
+def _overrides(root, experiment, stage, *extra):
+    return [f"stage={stage}", "model=micro", f"run_root={root}", f"experiment.name={experiment}", *DATA, *extra]
+
+
+def _killed_at(point: str, overrides: list[str]) -> subprocess.CompletedProcess:
+    """Run ``launch.py`` with ``overrides`` in a child process that SIGKILLs itself at ``point``."""
+    env = dict(os.environ, **{KILL_AT: point, "WANDB_MODE": "disabled"})  # resumability, not telemetry
+    proc = subprocess.run([sys.executable, "launch.py", *overrides], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, f"not killed at {point}: rc {proc.returncode}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _temp_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob(".*.tmp") if p.is_file()]
+
+
+def _losses(folder: Path) -> dict[int, float]:
+    import json
+
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def root(micro_world):
+    return micro_world[0]
+
+
+def test_distill_killed_four_times_finishes_like_an_uninterrupted_run(root):
+    for experiment in ("kill-ref", "kill-distill"):
+        run_stage(compose_config(_overrides(root, experiment, "trajectories")))
+    reference = run_stage(compose_config(_overrides(root, "kill-ref", "distill", *TRAIN)))
+    args = _overrides(root, "kill-distill", "distill", *TRAIN)
+    for point in (
+        "distill:checkpointed:step-000003",  # mid training: resumes from step 3
+        "distill:checkpointed:step-000006",  # last checkpoint saved, never exported
+        "distill:exported:step-000006",  # exported, not recorded as exported
+        "atomic:manifest.json",  # everything done but the manifest, killed mid-write
+    ):
+        _killed_at(point, args)
+    (run,) = Path(root, "kill-distill", "distill").iterdir()  # its key names its own trajectories folder
+    assert not (run / "manifest.json").exists() and _temp_files(run)  # the last kill left its temp manifest
+    done = run_stage(compose_config(args))
+    assert done.folder == run and not done.cached and done.details["resumed_from"] == 6
+    assert read_manifest(run).status == "complete" and not _temp_files(run)
+    ref, got = load_pretrained(reference.artifact).state_dict(), load_pretrained(done.artifact).state_dict()
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
+    # every step logged once, with the uninterrupted run's losses; the final metrics recovered from the log
+    assert _losses(run) == _losses(reference.folder) and sorted(_losses(run)) == list(range(1, 7))
+    for key, value in read_manifest(reference.folder).metrics.items():
+        if not key.startswith("label_tokens"):  # a throughput: wall-clock, not a result
+            assert read_manifest(run).metrics[key] == value, key
+
+
+@pytest.mark.parametrize(
+    ("stage", "extra", "point"),
+    [
+        ("trajectories", [], "atomic:shard-00001-of-00002.parquet"),
+        ("spot", SPOT, "atomic:shard-00001-of-00002.parquet"),
+        ("spiffy", SPIFFY, "atomic:graph.json"),
+    ],
+)
+def test_a_stage_killed_mid_write_finishes_on_rerun_with_the_same_outputs(root, stage, extra, point):
+    reference = run_stage(compose_config(_overrides(root, f"kill-{stage}-ref", stage, *extra)))
+    args = _overrides(root, f"kill-{stage}", stage, *extra)
+    _killed_at(point, args)
+    run = Path(root, f"kill-{stage}", stage, reference.folder.name)  # the same key: the same folder name
+    assert _temp_files(run) and not (run / "manifest.json").exists()
+    done = run_stage(compose_config(args))
+    assert done.folder == run and read_manifest(run).status == "complete" and not _temp_files(run)
+    if stage == "trajectories":
+        ref, got = load_trajectories(reference.artifact), load_trajectories(done.artifact)
+        assert ref["completion_ids"] == got["completion_ids"] and len(got) == 12
+    elif stage == "spot":
+        ref, got = read_trace_shards(reference.folder / "shards"), read_trace_shards(run / "shards")
+        assert [t.prompt for t in ref] == [t.prompt for t in got]
+        assert all(
+            (a.tokens == b.tokens).all()
+            for x, y in zip(ref, got, strict=True)
+            for a, b in zip(x.steps, y.steps, strict=True)
+        )
+        assert done.metrics["heldout"] == reference.metrics["heldout"]
+    else:
+        assert Path(done.artifact).read_text() == Path(reference.artifact).read_text()
