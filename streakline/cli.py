@@ -60,12 +60,13 @@ def _app(cfg: DictConfig) -> None:
         return
 
     # Only the entry point may import pipelines/ (docs/design.md, Layout).
+    from streakline.decoding.vanilla import PositionLimitError
     from streakline.models import CheckpointError
     from streakline.pipelines import StageNotBuiltError, run_stage
 
     try:
         run_stage(cfg)
-    except (StageNotBuiltError, ConfigError, CheckpointError) as err:
+    except (StageNotBuiltError, ConfigError, CheckpointError, PositionLimitError) as err:
         # input the user can fix (a bad combination of settings, a missing checkpoint): a message, not a traceback
         _fail(str(err))
 

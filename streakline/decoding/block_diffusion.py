@@ -39,6 +39,8 @@ import torch
 
 from streakline.models import KVCache, Transformer
 
+from .vanilla import check_positions
+
 
 @dataclass(kw_only=True)
 class BlockDecodeConfig:
@@ -362,6 +364,8 @@ class _Run:
         self.pending = _Stored(prefix, prefix_pos, prefix_valid if Q else None)  # the next first forward stores it
         self.before: torch.Tensor | None = None  # shifted targets: [B, V] logits of the position before the block
         n_blocks = max((h + cfg.max_new_tokens + L - 1) // L for h in self.head)
+        # the last block is decoded whole: its positions count even past max_new_tokens
+        check_positions(model, Q, L * n_blocks, "target", "max_new_tokens rounded up to whole blocks")
         self.cache = KVCache.for_model(model, B, capacity=Q + L * (n_blocks + 1))
         self.res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0] * B, commits_per_forward=[])
         self.outputs: list[list[int]] = [[] for _ in range(B)]  # per row, every token of its completed blocks

@@ -39,7 +39,7 @@ from .kernels import compact_kv
 from .metrics import DecodeMetrics
 from .stopping import StopCriteria
 from .tree import ChainTree
-from .vanilla import left_pad
+from .vanilla import check_positions, left_pad
 
 
 @dataclass(kw_only=True)
@@ -133,6 +133,9 @@ def generate(
     ids, mask = left_pad(prompts)
     ids, mask = ids.to(device), mask.to(device)
     B, P = ids.shape
+    # the verifier scores the prompt, the new tokens and one draft window past them (before any allocation: a
+    # gamma of 100000 is refused here, not by the allocator)
+    check_positions(verifier, P, cfg.max_new_tokens + G, "verifier", "max_new_tokens + gamma")
     capacity = P + 2 * (cfg.max_new_tokens + K * G + 1)
     cache = KVCache.for_model(verifier, B, capacity)
     ragged = bool((mask == 0).any())

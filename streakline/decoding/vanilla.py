@@ -27,6 +27,23 @@ def left_pad(prompts: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, t
     return ids, mask
 
 
+class PositionLimitError(ValueError):
+    """A decode that would run past a model's ``max_position_embeddings``: positions beyond it were never trained,
+    so the output would be silently wrong rather than an error."""
+
+
+def check_positions(model: Transformer, prompt_len: int, extra: int, role: str, what: str = "max_new_tokens") -> None:
+    """Raise PositionLimitError when ``prompt_len`` prompt tokens plus ``extra`` more positions (the new tokens, plus
+    a draft window or block where one is appended) exceed ``model``'s ``max_position_embeddings``."""
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if limit and prompt_len + extra > limit:
+        raise PositionLimitError(
+            f"a prompt of {prompt_len} tokens plus {extra} more positions ({what}) needs {prompt_len + extra} "
+            f"positions, beyond the {role}'s max_position_embeddings={limit}; shorten the prompt or lower "
+            "decoder.max_new_tokens (and decoder.gamma)"
+        )
+
+
 @torch.no_grad()
 def greedy_generate(
     model: Transformer,
@@ -39,6 +56,7 @@ def greedy_generate(
     ids, mask = left_pad(prompts)
     ids, mask = ids.to(device), mask.to(device)
     B = ids.shape[0]
+    check_positions(model, ids.shape[1], max_new_tokens, "model")
     cache = KVCache.for_model(model, B, capacity=ids.shape[1] + max_new_tokens)
     padded = bool((mask == 0).any())
     logits = model(ids, attention_mask=mask if padded else None, cache=cache, logits_to_keep=1)

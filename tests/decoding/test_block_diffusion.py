@@ -269,3 +269,15 @@ def test_rejects_models_and_configs_it_cannot_decode(model):
         decode_blocks(model, p[None], None, BlockDecodeConfig(max_new_tokens=4, block_size=8))
     with pytest.raises(ValueError, match="unknown commit rule"):
         decode_blocks(model, p[None], None, BlockDecodeConfig(max_new_tokens=4, rule="spot"))
+
+
+def test_a_decode_past_the_targets_position_limit_is_refused():
+    """The last block is decoded whole, so its positions count: refused with the numbers instead of decoding
+    positions the target was never trained on."""
+    from streakline.decoding.vanilla import PositionLimitError
+
+    model = _model()
+    limit, L = model.config.max_position_embeddings, model.config.block_size
+    prompt = torch.ones(1, limit - L, dtype=torch.long)
+    with pytest.raises(PositionLimitError, match=rf"max_position_embeddings={limit}"):
+        decode_blocks(model, prompt, None, BlockDecodeConfig(max_new_tokens=L + 1))

@@ -9,7 +9,7 @@ import torch
 
 from streakline.decoding.drafters import ARDrafter, DiffusionDrafter
 from streakline.decoding.speculative import SpecConfig, generate
-from streakline.decoding.vanilla import greedy_generate
+from streakline.decoding.vanilla import PositionLimitError, greedy_generate
 from streakline.models import save_pretrained
 from tests.decoding.helpers import V, causal_copy, random_drafter, shifted_copy, verifier
 
@@ -150,3 +150,20 @@ def test_topk_logprobs_and_finish_reasons():
         assert ids == want.indices.tolist()
         torch.testing.assert_close(torch.tensor(lps), want.values, rtol=1e-4, atol=1e-4)
         assert all(i[0] == t for i, t in zip(ids, toks, strict=True))  # greedy: the emitted token is the top-1
+
+
+def test_a_decode_past_the_position_limit_is_refused_before_any_work():
+    """Positions beyond max_position_embeddings were never trained: refused with the numbers, not decoded silently
+    (and a huge gamma is refused before the KV cache is allocated for it)."""
+    model = verifier()
+    limit = model.config.max_position_embeddings
+    long_prompt = [[1] * (limit - 3)]
+    with pytest.raises(
+        PositionLimitError, match=rf"{limit - 3} tokens plus 8 more positions.*max_position_embeddings={limit}"
+    ):
+        greedy_generate(model, long_prompt, 8)
+    with pytest.raises(PositionLimitError, match="verifier's max_position_embeddings"):
+        generate(model, long_prompt, SpecConfig(max_new_tokens=2, gamma=4), drafter=ARDrafter(causal_copy(model)))
+    with pytest.raises(PositionLimitError, match="100004 more positions"):
+        generate(model, [[1, 2]], SpecConfig(max_new_tokens=4, gamma=100000), drafter=ARDrafter(causal_copy(model)))
+    assert len(greedy_generate(model, [[1] * (limit - 8)], 8)[0]) == 8  # exactly at the limit is fine
