@@ -5,10 +5,13 @@
   the last context token, i.e. the verifier's own next-token logit: slot 1 is always right at temperature 0 and the
   later slots (read at mask tokens) only sometimes. Exercises acceptance, self-selection and the KV path moves.
 - ``random_drafter(seed, ...)``: an unrelated drafter, whose drafts are almost never right.
+- ``chi2_pvalue(counts, probs)``: the sampling tests' goodness-of-fit test.
 """
 
 import copy
 from dataclasses import replace
+
+import torch
 
 from streakline.models import Transformer
 from tests.models.helpers import tiny_config
@@ -37,3 +40,16 @@ def causal_copy(model: Transformer, seed: int | None = None) -> Transformer:
     if seed is None:
         return copy.deepcopy(model)
     return Transformer(model.config).init_weights(seed=seed, std=0.1).eval()
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square p-value of observed ``counts`` against the distribution ``probs`` (same shape); cells
+    expecting fewer than 5 draws are pooled into one, as the approximation needs."""
+    counts, expected = counts.flatten().double(), probs.flatten().double() * float(counts.sum())
+    small = expected < 5
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    stat = (((obs - exp) ** 2) / exp)[keep].sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))

@@ -8,7 +8,7 @@ from streakline.decoding.drafters import ARDrafter, DiffusionDrafter, draft_dist
 from streakline.decoding.registry import speculative_setup
 from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import greedy_generate, left_pad
-from tests.decoding.helpers import MASK, V, causal_copy, random_drafter, verifier
+from tests.decoding.helpers import MASK, V, causal_copy, chi2_pvalue, random_drafter, verifier
 
 
 def _uncached_marginals(model, context: list[int], gamma: int) -> torch.Tensor:
@@ -83,16 +83,8 @@ class _RecordingDrafter(DiffusionDrafter):
 
 
 def _chi2_pvalue(tokens: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value of the token histogram against ``probs`` (cells expecting < 5 pooled)."""
-    counts = torch.bincount(tokens, minlength=probs.numel()).double()
-    expected = probs.double() * tokens.numel()
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = exp > 0
-    stat = (((obs - exp) ** 2) / exp)[keep].sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+    """Chi-square p-value of the token histogram against ``probs``."""
+    return chi2_pvalue(torch.bincount(tokens, minlength=probs.numel()), probs)
 
 
 @pytest.mark.parametrize(

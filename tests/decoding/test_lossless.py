@@ -17,7 +17,7 @@ from streakline.decoding.acceptance import ACCEPTANCE_RULES, AcceptanceRule
 from streakline.decoding.drafters import ARDrafter, DiffusionDrafter, Proposal
 from streakline.decoding.kernels import VerifyOut, verify_chains
 from streakline.decoding.speculative import SpecConfig, generate
-from tests.decoding.helpers import causal_copy, random_drafter, shifted_copy, verifier
+from tests.decoding.helpers import causal_copy, chi2_pvalue, random_drafter, shifted_copy, verifier
 
 V, T, N, PROMPT = 6, 1.0, 4000, [1, 2, 3]
 
@@ -41,14 +41,7 @@ def _chi2_pvalue(tokens: list[list[int]], exact: torch.Tensor) -> float:
     counts = torch.zeros(V * V, dtype=torch.float64)
     for t in tokens:
         counts[t[0] * V + t[1]] += 1
-    expected = exact.flatten().double() * len(tokens)
-    small = expected < 5  # cells too rare for the chi-square approximation are pooled into one
-    obs = torch.cat([counts[~small], counts[small].sum()[None]])
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = exp > 0
-    stat = (((obs - exp) ** 2) / exp)[keep].sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+    return chi2_pvalue(counts, exact)
 
 
 class ConstantDrafter:
