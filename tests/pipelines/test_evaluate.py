@@ -91,3 +91,20 @@ def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
     assert len(grid) == 2 and all(m.argmax_chain is False for m in grid)  # the paper's i.i.d. drafts
     assert all(m.argmax_chain is None for m in methods.values() if not m.grid)  # the decoder's setting
     assert methods["grid K=1 tau=1"].as_dict()["argmax_chain"] is False  # part of the run key
+
+
+def test_a_benchmark_from_a_local_file_and_a_bad_one(micro_world, tmp_path):
+    """``stage.benchmarks`` takes ``name@/file`` as ``data.prompt_sources`` does; a benchmark that cannot be loaded
+    is a ConfigError naming it (it was a traceback)."""
+    from streakline.config import ConfigError
+    from streakline.pipelines.common.prompts import benchmark_prompts
+    from streakline.pipelines.common.roles import role_tokenizer
+
+    rows = [{"question": f"Sam has {i} apples. How many?", "answer": f"{i}"} for i in range(3)]
+    (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = role_tokenizer(attach_world(_cfg(micro_world[0]), progress=False), "verifier")
+    got = benchmark_prompts(tok, [f"gsm8k@{tmp_path / 'gsm8k.jsonl'}", "tiny-math"], 2)
+    assert list(got) == ["gsm8k", "tiny-math"] and len(got["gsm8k"]) == 2
+    assert tok.decode(got["gsm8k"][1]).startswith("Sam has 1 apples. How many?")
+    with pytest.raises(ConfigError, match="benchmark 'mmlu': unknown benchmark 'mmlu'"):
+        benchmark_prompts(tok, ["mmlu"], 2)

@@ -41,7 +41,7 @@ def source_records(sources, n: int, who: str) -> list[dict[str, str]]:
             print(f"{who}: {name} has only {len(got)} prompts of the {limit} asked for")
         records.extend(got)
     if len(records) < 2:
-        raise ConfigError(f"{who}.prompt_sources gave {len(records)} prompts; at least 2 are needed")
+        raise ConfigError(f"stage.prompt_sources of stage={who} gave {len(records)} prompts; at least 2 are needed")
     return records
 
 
@@ -54,10 +54,18 @@ def encode_records(tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
 
 def benchmark_prompts(tokenizer, benchmarks, limit: int) -> dict[str, list[list[int]]]:
     """``{benchmark: token ids of its first ``limit`` prompts}`` (raw prompt text), as ``stage=evaluate`` and
-    ``stage=sweep`` decode them."""
-    from streakline.data.benchmarks import load_benchmark
+    ``stage=sweep`` decode them. A benchmark is a name or ``name@/local/file.jsonl``, as in ``data.prompt_sources``
+    (rows are labelled by the name); one that cannot be loaded is a ConfigError naming it and the fix."""
+    from streakline.data.benchmarks import BenchmarkError, load_benchmark, parse_source
 
-    return {b: encode_records(tokenizer, load_benchmark(b, limit=limit)) for b in benchmarks}
+    out = {}
+    for source in benchmarks:
+        try:
+            name, path = parse_source(source)
+            out[name] = encode_records(tokenizer, load_benchmark(name, path=path, limit=limit))
+        except BenchmarkError as e:
+            raise ConfigError(f"benchmark {source!r}: {e}") from e
+    return out
 
 
 def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]]], dict[str, int | None]]:
