@@ -56,6 +56,12 @@ def _app(cfg: DictConfig) -> None:
     except ConfigError as err:
         _fail(f"invalid config: {err}")
     resolve_paths(cfg)
+    if cfg.launcher.name == "slurm" and not _submitted(HydraConfig.get()):
+        # Hydra hands jobs to a launcher only in multirun mode: without -m this would run here, silently
+        _fail(
+            f"launcher=slurm submits jobs through Hydra's multirun: add -m, e.g. python launch.py -m launcher=slurm "
+            f"stage={cfg.stage.name} ...; or drop launcher=slurm to run on this machine"
+        )
     if cfg.launcher.name == "slurm" and cfg.stage.name in TORCHRUN_STAGES and _run_ranks(cfg):
         return
 
@@ -69,6 +75,14 @@ def _app(cfg: DictConfig) -> None:
     except (StageNotBuiltError, ConfigError, CheckpointError, PositionLimitError) as err:
         # input the user can fix (a bad combination of settings, a missing checkpoint): a message, not a traceback
         _fail(str(err))
+
+
+def _submitted(hydra_cfg) -> bool:
+    """True when this process runs a job Hydra launched in multirun mode (the launcher's own job), or a rank
+    inside a Slurm job that the driver submitted."""
+    from hydra.types import RunMode
+
+    return hydra_cfg.mode == RunMode.MULTIRUN or "SLURM_JOB_ID" in os.environ
 
 
 def _run_ranks(cfg: DictConfig) -> bool:

@@ -79,6 +79,14 @@ def test_bad_choice_value_exits_2_with_the_choices(tmp_path):
     assert "causal, full, prefix_causal, block_causal" in result.stderr
 
 
+def test_slurm_without_multirun_is_refused_not_run_here(tmp_path):
+    """Hydra hands jobs to hydra-submitit-launcher only with -m; without it the stage would run on this machine,
+    silently. (launcher=ray is not a Hydra launcher: it fans work out from this process, with or without -m.)"""
+    result = launch("launcher=slurm", "stage=doctor", cwd=tmp_path)
+    assert result.returncode == 2 and "add -m, e.g. python launch.py -m launcher=slurm" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "runs" / "default").exists()  # no stage ran
+
+
 def test_help_lists_the_groups(tmp_path):
     result = launch("--help", cwd=tmp_path)
     assert result.returncode == 0
