@@ -100,7 +100,9 @@ def config_hash(cfg: Any, exclude: Iterable[str] = ()) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
-def _run_path(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path:
+def run_path(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path:
+    """Absolute ``root/<experiment>/<stage>/<cfg_hash>/`` without creating it (a consumer looking for a run must
+    not leave an empty folder behind when the run is not there)."""
     for value in (experiment, stage, cfg_hash):
         # These become folder names; a slash or '..' would silently put the run somewhere else.
         if not value or value in (".", "..") or "/" in value or "\\" in value:
@@ -110,7 +112,7 @@ def _run_path(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: st
 
 def run_dir(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path:
     """Absolute ``root/<experiment>/<stage>/<cfg_hash>/``, created if missing."""
-    path = _run_path(root, experiment, stage, cfg_hash)
+    path = run_path(root, experiment, stage, cfg_hash)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -250,7 +252,7 @@ def read_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Ma
 
 def find_complete(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path | None:
     """The run folder if it holds a complete manifest for this stage and hash whose outputs all exist, else None."""
-    path = _run_path(root, experiment, stage, cfg_hash)
+    path = run_path(root, experiment, stage, cfg_hash)
     try:
         manifest = read_manifest(path)
     except ArtifactError:
@@ -331,7 +333,7 @@ class StageRun:
         self.metrics: dict[str, Any] = {}
         self.outputs: list[str] = []
         self.manifest: Manifest | None = None
-        self.dir = _run_path(root, experiment, stage, self.cfg_hash)
+        self.dir = run_path(root, experiment, stage, self.cfg_hash)
         self._started_at = ""
 
     def add_output(self, relpath: str | os.PathLike) -> Path:

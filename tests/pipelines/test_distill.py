@@ -152,8 +152,10 @@ def test_distillspec_with_an_online_verifier_teacher(world, onpolicy):
 
 
 def test_missing_trajectories_are_refused(world):
-    with pytest.raises(ConfigError, match="stage=trajectories"):
+    before = sorted(p for p in Path(world).rglob("*") if p.is_dir())
+    with pytest.raises(ConfigError, match="no complete trajectories.*python launch.py stage=trajectories model=micro"):
         _distill(world, "distill-data", "data.max_prompts=3")
+    assert sorted(p for p in Path(world).rglob("*") if p.is_dir()) == before  # refused: no folder left behind
     with pytest.raises(ConfigError, match="method.teacher=online"):
         _distill(world, "distill-data", "method=streak", "method.onpolicy_mix=0.5")
 

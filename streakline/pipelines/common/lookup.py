@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.artifacts import ArtifactError, config_hash, read_manifest, run_dir
+from streakline.artifacts import ArtifactError, config_hash, read_manifest, run_path
 from streakline.models import CheckpointError
 
 from .roles import required_tokenizer
@@ -53,7 +53,7 @@ def trajectories_dir(cfg: DictConfig) -> Path:
     from streakline.models.tokenizer import tokenizer_hash
 
     key = trajectories_key(cfg, tokenizer_hash(required_tokenizer(cfg, "verifier", "trajectories")))
-    return run_dir(cfg.run_root, cfg.experiment.name, "trajectories", config_hash(key)) / "shards"
+    return run_path(cfg.run_root, cfg.experiment.name, "trajectories", config_hash(key)) / "shards"
 
 
 # --------------------------------------------------------------------------------------------- spot / spiffy
