@@ -130,3 +130,14 @@ def test_stage_docstrings_say_how_to_run_them():
     for name in pipelines.STAGES:
         doc = ast.get_docstring(ast.parse((PIPELINES / f"{name}.py").read_text())) or ""
         assert f"stage={name}" in textwrap.dedent(doc), f"pipelines/{name}.py's docstring shows no stage={name} line"
+
+
+def test_a_hub_preset_without_its_files_names_the_download_for_every_stage():
+    """A stage that needs a role's tokenizer says the model is not in the local Hugging Face cache and how to fetch
+    it, as stage=decode does for the weights (it used to say "set model.verifier.tokenizer=<folder>")."""
+    from streakline.models import CheckpointError
+    from streakline.pipelines.common.roles import required_tokenizer
+
+    cfg = compose_config(["stage=distill", "model=diffucoder", "model.verifier.hub_id=streakline-tests/absent"])
+    with pytest.raises(CheckpointError, match="huggingface-cli download streakline-tests/absent"):
+        required_tokenizer(cfg, "verifier", "distill")

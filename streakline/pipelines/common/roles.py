@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from streakline.config import ConfigError
-from streakline.models import build
+from streakline.models import build, locate
 from streakline.models.tokenizer import has_tokenizer, load_tokenizer, tokenizer_hash
 
 
@@ -20,9 +20,13 @@ def device() -> str:
 
 
 def role_tokenizer(cfg: DictConfig, role: str):
-    """The role's tokenizer (its ``tokenizer`` folder, else its checkpoint folder), or None if it has none."""
+    """The role's tokenizer (its ``tokenizer`` folder, else its checkpoint folder: ``path``, or the local Hugging
+    Face cache's copy of ``hub_id``), or None if it has none (a from-scratch preset). A hub preset that is not cached
+    is a CheckpointError with the download command, the same message every stage gives for its weights."""
     node = cfg.model[role]
     folder = node.tokenizer or node.path
+    if folder is None and node.get("hub_id"):
+        folder = str(locate(node, role))
     if folder is not None and not has_tokenizer(folder):
         raise ConfigError(
             f"model.{role} reads its tokenizer from {folder}, which holds no tokenizer.json / tokenizer_config.json; "
