@@ -250,14 +250,28 @@ def read_manifest(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Ma
         ) from exc
 
 
+def manifest_or_none(directory: str | os.PathLike, name: str = MANIFEST_NAME) -> Manifest | None:
+    """The manifest in ``directory``, or None when there is none or it cannot be read: for callers to whom such a
+    folder is simply not a finished run (lookups, reports); ``read_manifest`` says why, for those who must."""
+    try:
+        return read_manifest(directory, name)
+    except ArtifactError:
+        return None
+
+
+def complete_runs(root: str | os.PathLike, experiment: str, stage: str) -> Iterator[tuple[Path, Manifest]]:
+    """``(folder, manifest)`` of every run of ``stage`` in ``experiment`` whose manifest says complete, by folder."""
+    for path in sorted(Path(root, experiment, stage).glob(f"*/{MANIFEST_NAME}")):
+        manifest = manifest_or_none(path.parent)
+        if manifest is not None and manifest.status == "complete":
+            yield path.parent, manifest
+
+
 def find_complete(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str) -> Path | None:
     """The run folder if it holds a complete manifest for this stage and hash whose outputs all exist, else None."""
     path = run_path(root, experiment, stage, cfg_hash)
-    try:
-        manifest = read_manifest(path)
-    except ArtifactError:
-        return None
-    if manifest.status != "complete" or manifest.stage != stage or manifest.config_hash != cfg_hash:
+    manifest = manifest_or_none(path)
+    if manifest is None or manifest.status != "complete" or manifest.stage != stage or manifest.config_hash != cfg_hash:
         return None
     return None if _missing_outputs(path, manifest.outputs) else path
 
@@ -370,10 +384,8 @@ class StageRun:
         )  # fmt: skip
 
     def _record_failure(self, error: str) -> None:
-        try:
-            earlier_ok = read_manifest(self.dir).status == "complete"
-        except ArtifactError:
-            earlier_ok = False
+        earlier = manifest_or_none(self.dir)
+        earlier_ok = earlier is not None and earlier.status == "complete"
         name = FAILED_MANIFEST_NAME if earlier_ok else MANIFEST_NAME
         manifest = self._manifest("failed", error)
         # Unencodable metrics must not cost us the failure record, so retry without them; and whatever goes wrong

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from streakline.artifacts import ArtifactError, Manifest, read_manifest
+from streakline.artifacts import manifest_or_none
 from streakline.config import ConfigError
 from streakline.decoding.acceptance import get_rule
 from streakline.decoding.registry import (
@@ -181,27 +181,20 @@ def training_temperatures(drafter: str | None) -> dict[str, float | None]:
     if drafter is None:
         return out
     folder = Path(drafter)
-    found = (_manifest(run) for run in (folder.parent, folder.parent.parent))  # <run>/drafter, <run>/checkpoints/x
+    found = (
+        manifest_or_none(run) for run in (folder.parent, folder.parent.parent)
+    )  # <run>/drafter, <run>/checkpoints/x
     distill = next((m for m in found if m is not None and m.stage == "distill"), None)
     if distill is None:
         return out
     out["train_drafter_temperature"] = _number((distill.config.get("method") or {}).get("drafter_temperature"))
     shards = distill.config.get("trajectories")
-    data = _manifest(Path(shards).parent) if isinstance(shards, str) else None
+    data = manifest_or_none(Path(shards).parent) if isinstance(shards, str) else None
     if data is not None and data.stage == "trajectories":
         sampling = data.config.get("data") or {}
         out["data_temperature"] = _number(sampling.get("temperature"))
         out["data_top_p"] = _number(sampling.get("top_p"))
     return out
-
-
-def _manifest(folder: Path) -> Manifest | None:
-    if not (folder / "manifest.json").is_file():
-        return None
-    try:
-        return read_manifest(folder)
-    except ArtifactError:
-        return None
 
 
 def _number(value: Any) -> float | None:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.artifacts import ArtifactError, StageRun, read_manifest
+from streakline.artifacts import StageRun, manifest_or_none
 from streakline.config import ConfigError
 
 from .common.lookup import trajectories_dir
@@ -59,11 +59,8 @@ class Distill(Stage):
         # Before any folder is made: a refused run must leave nothing behind (the shards themselves are checked
         # against the drafter's tokenizer when the run loads them).
         folder = trajectories_dir(cfg).parent
-        try:
-            complete = read_manifest(folder).status == "complete"
-        except ArtifactError:
-            complete = False
-        if not complete:
+        done = manifest_or_none(folder)
+        if done is None or done.status != "complete":
             raise ConfigError(
                 f"no complete trajectories for these verifier and data settings (looked in {folder}); make them with "
                 f"python launch.py stage=trajectories model={cfg.model.name} and the same model and data options"

@@ -25,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.artifacts import ArtifactError, config_hash, read_manifest, run_path
+from streakline.artifacts import complete_runs, config_hash, run_path
 from streakline.models import CheckpointError
 
 from .roles import required_tokenizer
@@ -150,16 +150,12 @@ def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, 
     target = OmegaConf.to_container(cfg.model.target, resolve=True)
     tok = tokenizer_hash(required_tokenizer(cfg, "target", stage))
     found, other = [], 0
-    for manifest_path in Path(cfg.run_root, cfg.experiment.name, stage).glob("*/manifest.json"):
-        try:
-            m = read_manifest(manifest_path.parent)
-        except ArtifactError:
-            continue
-        if m.status != "complete" or m.config.get("target") != target or m.config.get("tokenizer") != tok:
+    for folder, m in complete_runs(cfg.run_root, cfg.experiment.name, stage):
+        if m.config.get("target") != target or m.config.get("tokenizer") != tok:
             continue
         settings = m.config.get(stage, {})
         if all(settings.get(k) == v for k, v in wanted.items()):
-            found.append((m.finished_at, manifest_path.parent))
+            found.append((m.finished_at, folder))
         else:
             other += 1
     if found:
@@ -187,17 +183,13 @@ def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
     """Complete ``stage=distill`` runs of this experiment: ``{"folder", "method", "steps", "decoder_streak"}``,
     oldest first. A run's intermediate checkpoints are listed by :func:`distill_checkpoints`."""
     runs = []
-    for manifest_path in sorted(Path(cfg.run_root, cfg.experiment.name, "distill").glob("*/manifest.json")):
-        try:
-            m = read_manifest(manifest_path.parent)
-        except ArtifactError:
-            continue
-        if m.status != "complete" or not (manifest_path.parent / "drafter").is_dir():
+    for folder, m in complete_runs(cfg.run_root, cfg.experiment.name, "distill"):
+        if not (folder / "drafter").is_dir():
             continue
         streaks = [v for k, v in m.metrics.items() if k.endswith("/decoder_streak") and isinstance(v, int | float)]
         runs.append(
             {
-                "folder": str(manifest_path.parent),
+                "folder": str(folder),
                 "method": m.config.get("method", {}).get("name", "distilled"),
                 "steps": m.metrics.get("steps"),
                 "decoder_streak": sum(streaks) / len(streaks) if streaks else None,
