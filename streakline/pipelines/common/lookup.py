@@ -100,7 +100,7 @@ def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     }
 
 
-def locate_order_model(cfg: DictConfig, temperature: float | None = None) -> Path:
+def locate_order_model(cfg: DictConfig) -> Path:
     """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set, else the newest complete
     ``stage=spot`` run of this experiment for the same target and tokenizer whose traces came from ``decoder.rule``
     (an order model serves any temperature); CheckpointError saying what to run otherwise."""
@@ -172,10 +172,11 @@ def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, 
 def locate_block_artifact(cfg: DictConfig, decoder: str, temperature: float | None = None) -> Path:
     """The artifact a drafted block decoder (``spot`` or ``spiffy``) reads at ``temperature`` (default
     ``decoder.temperature``)."""
-    locators = {"spot": locate_order_model, "spiffy": locate_graph}
-    if decoder not in locators:
-        raise ValueError(f"decoder={decoder} reads no stage artifact; valid: {', '.join(locators)}")
-    return locators[decoder](cfg, temperature)
+    if decoder == "spot":
+        return locate_order_model(cfg)  # an order model serves every temperature
+    if decoder == "spiffy":
+        return locate_graph(cfg, temperature)
+    raise ValueError(f"decoder={decoder} reads no stage artifact; valid: spot, spiffy")
 
 
 # --------------------------------------------------------------------------------------------- distill
