@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.config.overrides import OverrideError, rewrite_overrides
 from streakline.config.schema import STAGE_SCHEMAS, Config, register_configs
-from streakline.config.validate import ConfigError, check_world, resolve_paths, validate
+from streakline.config.validate import ConfigError, check_world, resolve_paths, stage_settings_node, validate
 
 # conf/ sits beside the package in the source tree; the package is meant to be installed editable.
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -49,17 +49,11 @@ def as_schema(cfg: DictConfig | dict) -> DictConfig:
     stage reads its settings from, however it was started.
     """
     plain = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else dict(cfg)
-    schema = OmegaConf.structured(Config)
     name = (plain.get("stage") or {}).get("name")
     if name in STAGE_SCHEMAS:
-        schema = OmegaConf.merge(schema, {"stage": OmegaConf.structured(STAGE_SCHEMAS[name](name=name))})
-    merged = OmegaConf.merge(schema, plain)
-    own = (plain.get("settings") or {}).get(name)
-    if own:
-        try:
-            merged.stage = OmegaConf.merge(merged.stage, own)
-        except Exception as err:  # OmegaConf's key and type errors: say which override to fix
-            raise ConfigError(f"settings.{name}: {err}".split("\n")[0]) from err
+        own = (plain.get("settings") or {}).get(name) or {}
+        plain["stage"] = stage_settings_node(name, plain["stage"], own)
+    merged = OmegaConf.merge(OmegaConf.structured(Config), plain)
     OmegaConf.set_struct(merged, True)
     return merged
 

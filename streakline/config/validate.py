@@ -304,17 +304,23 @@ def _launcher(cfg: DictConfig) -> None:
         )
 
 
+def stage_settings_node(name: str, *values: Any) -> DictConfig:
+    """Stage ``name``'s settings schema (``STAGE_SCHEMAS``) with ``values`` merged on in order; ConfigError naming
+    ``settings.<name>`` and the first line of OmegaConf's complaint for an unknown key or a badly typed value."""
+    if name not in STAGE_SCHEMAS:
+        raise ConfigError(f"settings.{name}: no stage {name!r} has settings; valid: {', '.join(STAGE_SCHEMAS)}")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(STAGE_SCHEMAS[name](name=name)), *values)
+    except Exception as err:  # OmegaConf's key and type errors, first line: which key, what was wrong
+        raise ConfigError(f"settings.{name}: {str(err).splitlines()[0]}") from err
+
+
 def _settings(cfg: DictConfig) -> None:
     """Every ``settings.<stage>`` entry names a stage with settings and fits its schema (a typo in an experiment
     file's settings fails here, not when the chained stage comes up an hour later). Each stage's ``check`` judges
     the values when it runs."""
     for name, values in cfg.settings.items():
-        if name not in STAGE_SCHEMAS:
-            raise ConfigError(f"settings.{name}: no stage {name!r} has settings; valid: {', '.join(STAGE_SCHEMAS)}")
-        try:
-            OmegaConf.merge(OmegaConf.structured(STAGE_SCHEMAS[name](name=name)), values)
-        except Exception as err:  # OmegaConf's key and type errors, first line: which key, what was wrong
-            raise ConfigError(f"settings.{name}: {str(err).splitlines()[0]}") from err
+        stage_settings_node(name, values)
 
 
 def _experiment(cfg: DictConfig) -> None:
