@@ -284,26 +284,28 @@ class Trainer:
         except (OSError, ValueError):
             return None
 
+    def _log_lines(self) -> tuple[Path | None, list[str]]:
+        """The metrics log's path and lines (no lines when there is no log yet)."""
+        path = getattr(self.tracker, "path", None)
+        if path is None or not Path(path).is_file():
+            return None, []
+        return Path(path), Path(path).read_text(encoding="utf-8").splitlines()
+
     def _forget_logged_after(self, step: int) -> None:
         """Drop the metrics log's lines for steps after ``step`` (logged before a kill, about to be logged again),
         so a resumed run's log equals an uninterrupted one's."""
-        path = getattr(self.tracker, "path", None)
-        if path is None or not Path(path).is_file():
-            return
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        path, lines = self._log_lines()
         kept = [json.dumps(r) for r in _records(lines) if r.get("step", 0) <= step]
-        if len(kept) != len(lines):
+        if path is not None and len(kept) != len(lines):
             with atomic_file(path, "w") as f:
                 f.writelines(line + "\n" for line in kept)
 
     def logged_at(self, step: int) -> dict[str, Any]:
         """Every metric the log holds for ``step`` (what ``fit`` returns when a resumed run has no step left)."""
-        path = getattr(self.tracker, "path", None)
         out: dict[str, Any] = {}
-        if path is not None and Path(path).is_file():
-            for record in _records(Path(path).read_text(encoding="utf-8").splitlines()):
-                if record.get("step") == step:
-                    out.update({k: v for k, v in record.items() if k != "step"})
+        for record in _records(self._log_lines()[1]):
+            if record.get("step") == step:
+                out.update({k: v for k, v in record.items() if k != "step"})
         return out
 
     def _trap_signals(self) -> dict:

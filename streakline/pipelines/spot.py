@@ -20,21 +20,20 @@ builds the drafter from it. Tests: ``python -m pytest tests/pipelines/test_spot.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun, write_json_atomic
+from streakline.artifacts import StageRun
 from streakline.config import ConfigError
 from streakline.decoding.registry import block_decode_config
 
 from .common.lookup import ORDER_MODEL, spot_key
 from .common.prompts import encode_records, source_records
 from .common.roles import block_target, device, required_tokenizer
-from .common.traces import check_trace_settings
+from .common.traces import check_trace_settings, finish_with_metrics, reuse_metrics
 from .runner import Stage, StageResult
 
 
@@ -101,13 +100,10 @@ class Spot(Stage):
             "rule": s.rule,
             "temperature": s.temperature,
         }
-        write_json_atomic(stage_run.add_output("metrics.json"), metrics)
-        stage_run.metrics.update(metrics)
-        return StageResult(self.name, folder=stage_run.dir, artifact=stage_run.dir / ORDER_MODEL, metrics=metrics)
+        return finish_with_metrics(self.name, stage_run, ORDER_MODEL, metrics)
 
     def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
-        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
-        return StageResult(self.name, folder=folder, artifact=folder / ORDER_MODEL, metrics=metrics)
+        return reuse_metrics(self.name, folder, ORDER_MODEL)
 
     def report(self, result: StageResult) -> None:
         print(format_report(result.metrics, result.folder))
