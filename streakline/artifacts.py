@@ -117,6 +117,10 @@ def run_dir(root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str)
     return path
 
 
+# atomic_file's temp names, ".<name>.<8 hex>.tmp" (made below; sweep_temp_files finds what a killed writer left)
+_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a file that appears at ``path`` only once the ``with`` block finishes; readers see the old file or the
@@ -308,10 +312,6 @@ def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             continue
     return versions
-
-
-# atomic_file's temp names: ".<name>.<8 hex>.tmp"
-_TEMP_NAME = re.compile(r"^\..+\.[0-9a-f]{8}\.tmp$")
 
 
 def sweep_temp_files(folder: str | os.PathLike) -> int:
