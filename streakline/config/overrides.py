@@ -111,10 +111,15 @@ def stage_setting(key: str, stage: str | None) -> str | None:
     if head == "stage" and rest:
         if rest == "name":
             raise OverrideError("stage.name is set by choosing the stage: use stage=<name>")
-        if stage is None or "," in stage or stage not in STAGE_SCHEMAS:
-            which = "no stage= was given" if stage is None else f"stage={stage} has no settings"
-            if stage is not None and "," in stage:
-                which = f"stage={stage} is a sweep over stages"
+        if stage is None:
+            which = "no stage= was given"
+        elif "," in stage:
+            which = f"stage={stage} is a sweep over stages"
+        elif stage not in STAGE_SCHEMAS:
+            which = f"stage={stage} has no settings"
+        else:
+            which = None
+        if which is not None:
             raise OverrideError(
                 f"{key} sets a setting of the running stage, but {which}; the stages with settings are "
                 f"{', '.join(STAGE_SCHEMAS)} (e.g. stage=spot stage.steps=2000, or settings.spot.steps=2000)"
