@@ -100,7 +100,7 @@ def load_benchmark(name: str, *, path: str | Path | None = None, limit: int | No
         records = BUILT_IN_LOADERS[name](limit)
     elif name in REAL:
         spec = REAL[name]
-        rows = _read_file(Path(path)) if path is not None else _read_hub(spec)
+        rows = read_records(path) if path is not None else _read_hub(spec)
         records = _map_rows(spec, rows, source=str(path) if path is not None else spec.hub_id)
     else:
         raise BenchmarkError(f"unknown benchmark {name!r}; valid names: {', '.join(benchmark_names())}")
@@ -215,17 +215,37 @@ def _split_function(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[st
 # ---------------------------------------------------------------- real benchmarks
 
 
-def _read_file(path: Path) -> list[dict[str, Any]]:
+def read_records(
+    path: str | Path, *, kind: str = "benchmark", error: type[BenchmarkError] = BenchmarkError
+) -> list[dict[str, Any]]:
+    """The rows of a local .jsonl, .json (a list of objects, ``{"data": [...]}``, or JSON Lines) or .parquet file.
+
+    Shared by the benchmark and conversation loaders: ``kind`` names the file in messages and ``error`` is the
+    ``BenchmarkError`` subclass raised for an unreadable file (missing, other suffix, not UTF-8, bad JSON, not objects).
+    """
+    path = Path(path)
     if not path.is_file():
-        raise BenchmarkError(f"no benchmark file at {path}")
+        raise error(f"no {kind} file at {path}; check the path (a relative one is taken from the current folder)")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise error(f"{path} is not a readable parquet file ({e}); copy or export it again") from e
     if suffix not in (".jsonl", ".json"):
-        raise BenchmarkError(f"cannot read {path}: expected one of {', '.join(FILE_SUFFIXES)}")
-    text = path.read_text(encoding="utf-8")
+        raise error(f"cannot read {path}: expected one of {', '.join(FILE_SUFFIXES)}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise error(
+            f"{path}:{line} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); re-encode the file as "
+            f"UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed{suffix}"
+        ) from e
     if suffix == ".json":
         try:
             data = json.loads(text)
@@ -234,23 +254,26 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if isinstance(data, list):
-            return _only_objects(data, path)
+            return _only_objects(data, path, error)
         if data is not None:
-            raise BenchmarkError(f"{path} holds a JSON {type(data).__name__}; expected a list of objects")
+            raise error(f"{path} holds a JSON {type(data).__name__}; expected a list of objects")
     rows = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise BenchmarkError(f"{path}:{lineno} is not valid JSON ({e.msg})") from e
-    return _only_objects(rows, path)
+                raise error(f"{path}:{lineno} is not valid JSON ({e.msg})") from e
+    return _only_objects(rows, path, error)
 
 
-def _only_objects(rows: list[Any], path: Path) -> list[dict[str, Any]]:
+_read_file = read_records  # the earlier private name
+
+
+def _only_objects(rows: list[Any], path: Path, error: type[BenchmarkError] = BenchmarkError) -> list[dict[str, Any]]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise BenchmarkError(f"{path}: record {i} is a {type(row).__name__}, not an object with named fields")
+            raise error(f"{path}: record {i} is not an object with named fields (it is {json.dumps(row)[:40]})")
     return rows
 
 
