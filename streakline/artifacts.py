@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import traceback
@@ -315,14 +316,31 @@ def package_versions(names: Iterable[str] = DEFAULT_PACKAGES) -> dict[str, str]:
 
 
 def sweep_temp_files(folder: str | os.PathLike) -> int:
-    """Delete the temp files ``atomic_file`` leaves when a process is killed mid-write (never a finished file),
-    anywhere under ``folder``; returns how many. A stage run calls it on start: its folder is its own."""
+    """Delete the temp files ``atomic_file`` leaves when a process is killed mid-write (never a finished file), and
+    the temp-named folders a killed ``remove_tree`` leaves, anywhere under ``folder``; returns how many. A stage run
+    calls it on start: its folder is its own."""
     n = 0
-    for path in Path(folder).rglob(".*.tmp"):
-        if path.is_file() and _TEMP_NAME.match(path.name):
+    for path in sorted(Path(folder).rglob(".*.tmp")):
+        if not _TEMP_NAME.match(path.name):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
             path.unlink(missing_ok=True)
-            n += 1
+        else:
+            continue  # inside a folder removed above
+        n += 1
     return n
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """Delete the folder ``path`` so that a kill at any moment leaves it whole under its name or gone from it: one
+    rename to a temp name beside it (atomic; no glob for the old name sees it any more), then the deletion, which
+    ``sweep_temp_files`` finishes on the next start if a kill cut it short."""
+    path = Path(path)
+    doomed = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    path.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 class StageRun:
@@ -330,6 +348,8 @@ class StageRun:
 
     A failed run never overwrites a complete ``manifest.json`` from an earlier run in the same folder; its
     record goes to ``manifest.failed.json`` instead, so the good result stays usable and the failure inspectable.
+    A run refused for bad input (a ``UserError``) in a folder it made and wrote nothing to leaves no folder behind:
+    there is nothing to inspect or resume, and the message is on the terminal.
     """
 
     def __init__(

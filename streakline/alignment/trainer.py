@@ -9,9 +9,15 @@ Data: rank r at optimizer step s, micro-step a reads micro-batch ``(s * grad_acc
 stream (``TrajectoryWindows.batches``), so a resumed run, whatever killed it, sees exactly the batches an
 uninterrupted run would have seen. Checkpoints every ``save_every`` steps: DeepSpeed state under ``deepspeed/``
 (weights, optimizer, LR schedule, data position and RNG states as client state) and a Hugging Face folder under
-``checkpoints/step-XXXXXX/`` that the decoder loads directly (LoRA merged). SIGTERM / SIGUSR1 (Slurm preemption)
-finish the current step, save, and stop with ``Preempted``. ``STREAKLINE_FAULT_SIGTERM_AT_STEP=n`` (tests) sends
-the process a SIGTERM after step n.
+``checkpoints/step-XXXXXX/`` that the decoder loads directly (LoRA merged). Once a checkpoint is complete (saved,
+``latest`` naming it, its export recorded in ``EXPORTED``) the older DeepSpeed tags beyond ``trainer.keep_last`` are
+deleted, oldest first, and the exports beyond ``trainer.keep_exports`` (None, the default: every export stays, for
+Fig. 7's curve); a folder is renamed to a temp name before it is deleted, and ``resume`` sweeps such leftovers, so a
+kill mid-prune loses nothing. ``trainer.resume_from`` starts a run that has no checkpoint of its own from another
+run's (extending it: more steps, another lr). SIGTERM / SIGUSR1 (Slurm preemption) finish the current step, save,
+and stop with ``Preempted``. ``STREAKLINE_FAULT_SIGTERM_AT_STEP=n`` (tests) sends the process a SIGTERM after step n.
+
+    python -m pytest tests/alignment/test_trainer.py -q
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -30,7 +37,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from streakline.artifacts import atomic_file, write_json_atomic
+from streakline.artifacts import atomic_file, remove_tree, sweep_temp_files, write_json_atomic
+from streakline.config import ConfigError
 from streakline.faults import kill_point
 from streakline.models import Transformer
 
@@ -39,6 +47,41 @@ from .losses import LossInput, LossSettings, compute_loss
 
 FAULT_SIGTERM_AT = "STREAKLINE_FAULT_SIGTERM_AT_STEP"
 EXPORTED = "exported.json"  # in the DeepSpeed folder: the tag and folder of the last finished export
+TAG = re.compile(r"^step-(\d+)$")  # the DeepSpeed tags save() writes, and the names of their exports
+
+
+def find_checkpoint(path: str | os.PathLike) -> tuple[Path, str]:
+    """``(DeepSpeed folder, tag)`` that ``trainer.resume_from`` names: a distill run folder or its ``deepspeed/``
+    folder (the tag its ``latest`` file names), or one tag folder such as ``<run>/deepspeed/step-000500``.
+    ConfigError naming the path and the fix when there is no saved checkpoint there."""
+    where = Path(os.path.abspath(os.path.expanduser(path)))
+    for folder in (where / "deepspeed", where):
+        latest = folder / "latest"
+        if latest.is_file():
+            tag = latest.read_text(encoding="utf-8").strip()
+            if tag and _saved_tag(folder / tag):
+                return folder, tag
+            raise ConfigError(
+                f"trainer.resume_from={path}: {latest} names {tag!r}, which holds no saved checkpoint; point "
+                f"trainer.resume_from at one of the tag folders in {folder}"
+            )
+    if _saved_tag(where):
+        return where.parent, where.name
+    raise ConfigError(
+        f"trainer.resume_from={path}: no DeepSpeed checkpoint there; give a distill run folder, its deepspeed/ "
+        "folder or one of its deepspeed/step-* folders (or trainer.resume_from=null)"
+    )
+
+
+def _saved_tag(folder: Path) -> bool:
+    # DeepSpeed writes <tag>/mp_rank_00_model_states.pt (ZeRO-3: zero_pp_rank_0_mp_rank_00_model_states.pt)
+    return folder.is_dir() and any(folder.glob("*model_states.pt"))
+
+
+def tag_step(tag: str) -> int | None:
+    """The step of a tag ``save`` wrote (``step-000500`` -> 500); None for any other name."""
+    m = TAG.match(tag)
+    return int(m[1]) if m else None
 
 
 def summarize(result: dict[str, Any]) -> str:
@@ -182,22 +225,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
-        """Load the latest DeepSpeed checkpoint of this run folder, if any; return the step to continue from.
+        """Load the latest DeepSpeed checkpoint of this run folder, else the one ``trainer.resume_from`` names, if
+        any; return the step to continue from.
 
         A run killed at any point resumes from what its last checkpoint holds: the export of that checkpoint is
         redone when the kill came between the two (``EXPORTED`` names the last finished export), and the metrics
-        log loses the lines of steps after the checkpoint, which the resumed run logs again."""
+        log loses the lines of steps after the checkpoint, which the resumed run logs again. The run's own
+        checkpoint wins over ``resume_from``, so a rerun of an extended run resumes itself."""
+        if self.strategy.is_main:  # deletions (and writes) a kill cut short
+            for folder in (self.ds_dir, self.run_dir / "checkpoints"):
+                if folder.is_dir():
+                    sweep_temp_files(folder)
         latest = self.ds_dir / "latest"
         if not latest.is_file():
-            return 0
+            return self._start_from(self.cfg.resume_from) if self.cfg.resume_from else 0
         tag = latest.read_text().strip()
-        state = self.strategy.load(self.engine, self.ds_dir, tag)
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["py_rng"])
-        step = int(state["step"])
+        step = self._load(self.ds_dir, tag)
         if self.strategy.is_main:
             print(f"distill: resumed from {self.ds_dir / tag} at step {step}")
-            self._forget_logged_after(step)
         exported = self._exported()
         if exported is not None and exported["tag"] == tag and Path(exported["path"]).is_dir():
             self.last_export = Path(exported["path"])
@@ -205,7 +250,49 @@ class Trainer:
             if self.strategy.is_main:
                 print(f"distill: the checkpoint at step {step} was never exported; exporting it now")
             self._export(step, tag)
+        if self.strategy.is_main:  # the prune a kill (or a smaller trainer.keep_last) left undone
+            self._prune(tag)
+        self.strategy.barrier()
         return step
+
+    def _load(self, folder: Path, tag: str) -> int:
+        """Load DeepSpeed checkpoint ``folder/tag`` and its RNG states; the metrics log forgets later steps."""
+        state = self.strategy.load(self.engine, folder, tag)
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+        step = int(state["step"])
+        if self.strategy.is_main:
+            self._forget_logged_after(step)  # an earlier attempt of this run may have logged steps past it
+        return step
+
+    def _start_from(self, resume_from: str) -> int:
+        """Start from another run's checkpoint (``trainer.resume_from``): its weights, optimizer, step, data
+        position and RNG states, on this run's LR schedule (``_follow_schedule``). Nothing is exported or pruned
+        there: that folder belongs to the other run."""
+        folder, tag = find_checkpoint(resume_from)
+        step = self._load(folder, tag)
+        if step >= self.cfg.max_steps:  # DistillStage.check refuses this earlier for the tags save() names
+            raise ConfigError(
+                f"trainer.resume_from={resume_from} holds step {step} and trainer.max_steps={self.cfg.max_steps} "
+                f"leaves nothing to train; set trainer.max_steps above {step}"
+            )
+        self._follow_schedule()
+        if self.strategy.is_main:
+            print(f"distill: starting from {folder / tag} (trainer.resume_from) at step {step}")
+        return step
+
+    def _follow_schedule(self) -> None:
+        """Put the LR schedule loaded from another run on this run's (``lr``, ``warmup_steps``, ``max_steps``,
+        ``min_lr_ratio``) at the loaded step. LambdaLR saves its step and base LRs but not its lambda (this run's,
+        built from this config), and the optimizer saves the current LR: left alone, a larger max_steps would take
+        effect at the next step but a changed lr never would. With nothing changed this writes the loaded values
+        back, so an extension of an unchanged run stays bit-exact."""
+        scheduler = self.engine.lr_scheduler
+        scheduler.base_lrs = [float(self.cfg.lr)] * len(scheduler.base_lrs)
+        lrs = [base * f(scheduler.last_epoch) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, base, lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, lrs, strict=True):
+            group["initial_lr"], group["lr"] = base, lr
+        scheduler._last_lr = lrs
 
     # ------------------------------------------------------------------ loop
     def fit(self, start_step: int = 0) -> dict[str, Any]:
@@ -267,6 +354,30 @@ class Trainer:
         self.strategy.save(self.engine, self.ds_dir, tag, state)
         kill_point(f"distill:checkpointed:{tag}")
         self._export(step, tag)
+        if self.strategy.is_main:
+            self._prune(tag)
+        self.strategy.barrier()  # no rank saves the next checkpoint while rank 0 still deletes an old one
+
+    def _prune(self, newest: str) -> None:
+        """Delete the DeepSpeed checkpoints beyond ``trainer.keep_last`` and the exports beyond
+        ``trainer.keep_exports``, oldest first, now that checkpoint ``newest`` is complete: saved, named by
+        ``latest`` and (with an export function) exported and recorded in ``EXPORTED``. The tag ``latest`` names
+        and the export ``EXPORTED`` names are never deleted, so a kill at any moment leaves a complete checkpoint
+        to resume from. Main rank only."""
+        c = self.cfg
+        latest = self.ds_dir / "latest"
+        exported = self._exported() or {}
+        if c.keep_last is not None:
+            keep = {newest, latest.read_text().strip() if latest.is_file() else newest, exported.get("tag")}
+            removed = _remove_oldest(self.ds_dir, c.keep_last, newest, keep)
+            if removed:
+                print(f"distill: kept the last {c.keep_last} checkpoints; removed {', '.join(removed)}")
+        if c.keep_exports is not None and self.last_export is not None:
+            keep = {self.last_export.name, Path(exported.get("path", self.last_export)).name}
+            removed = _remove_oldest(self.last_export.parent, c.keep_exports, self.last_export.name, keep)
+            if removed:
+                names = ", ".join(f"{self.last_export.parent.name}/{r}" for r in removed)
+                print(f"distill: kept the last {c.keep_exports} exports; removed {names}")
 
     def _export(self, step: int, tag: str) -> None:
         """Export checkpoint ``tag`` (collective under ZeRO-3) and record it in ``EXPORTED`` once it is whole."""
@@ -321,6 +432,23 @@ class Trainer:
             except ValueError:  # not the main thread (e.g. inside a test runner thread): no signal handling
                 pass
         return old
+
+
+def _remove_oldest(folder: Path, keep: int, newest: str, protected: set[str | None]) -> list[str]:
+    """Delete the ``step-*`` folders in ``folder`` beyond the ``keep`` newest, oldest first, none in
+    ``protected``; returns their names. Folders of steps after ``newest`` are left alone: a save that was killed
+    before ``latest`` moved to it wrote them, and they are neither complete nor this run's (its save at that step
+    replaces them)."""
+    limit = tag_step(newest)
+    found = sorted(
+        (step, path)
+        for path in folder.iterdir()
+        if path.is_dir() and (step := tag_step(path.name)) is not None and (limit is None or step <= limit)
+    )
+    doomed = [path for _, path in found[: max(0, len(found) - keep)] if path.name not in protected]
+    for path in doomed:
+        remove_tree(path)
+    return [path.name for path in doomed]
 
 
 def _records(lines: list[str]) -> list[dict[str, Any]]:

@@ -220,6 +220,13 @@ class TrainerConfig:
     grad_clip: float = 1.0
     activation_checkpointing: bool = False
     save_every: int = 500
+    # DeepSpeed checkpoints (deepspeed/step-*, the optimizer state: ~120 GB at 7B) kept after each save; None: all
+    keep_last: int | None = 2
+    # Hugging Face exports (checkpoints/step-*, Fig. 7's intermediate points) kept; None: all. The final one always
+    keep_exports: int | None = None
+    # a distill run folder, its deepspeed/ folder or one tag folder there: start from that DeepSpeed checkpoint
+    # (weights, optimizer, step, data position, RNG) to extend it; this run's own checkpoint wins once it has one
+    resume_from: str | None = None
     eval_every: int = 500
     log_every: int = 10
     eval_sources: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])  # held-out prompts

@@ -60,7 +60,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def resolve_paths(cfg: DictConfig) -> DictConfig:
-    """Make ``run_root`` and every role's ``path`` / ``tokenizer`` absolute, in place; returns ``cfg``.
+    """Make ``run_root``, every role's ``path`` / ``tokenizer`` and ``trainer.resume_from`` absolute, in place;
+    returns ``cfg``.
 
     Relative paths are taken against the current directory, which Hydra leaves alone
     (``hydra.job.chdir=false``), so they mean what they meant on the command line. Workers receive the
@@ -72,6 +73,8 @@ def resolve_paths(cfg: DictConfig) -> DictConfig:
         for key in ("path", "tokenizer"):
             if node[key] is not None:
                 node[key] = _absolute(node[key])
+    if cfg.trainer.resume_from:  # the run to extend, as the command line meant it (Slurm jobs start elsewhere)
+        cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
     return cfg
 
 
@@ -260,6 +263,12 @@ def _trainer(cfg: DictConfig) -> None:
     ):  # fmt: skip
         _at_least(cfg, f"trainer.{key}", 1)
     _at_least(cfg, "trainer.eval_prompts", 0)
+    _at_least(cfg, "trainer.keep_last", 1, optional=True)
+    _at_least(cfg, "trainer.keep_exports", 1, optional=True)
+    if cfg.trainer.resume_from is not None and not cfg.trainer.resume_from.strip():
+        raise ConfigError(
+            "trainer.resume_from is empty; give a distill run folder (or its deepspeed/step-* folder), or null"
+        )
     if cfg.trainer.lora.enabled:
         _at_least(cfg, "trainer.lora.r", 1)
         _positive(cfg, "trainer.lora.alpha")

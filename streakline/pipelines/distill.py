@@ -10,10 +10,12 @@ complete run with the same key: drafter, trajectories folder, gamma, method, tra
    incomplete, or from another tokenizer), cut into draft windows (``alignment/data.py``);
 2. the drafter (``model.drafter``; a ``path`` warm-starts from any checkpoint), optionally with LoRA adapters;
 3. the run folder ``<run_root>/<experiment>/distill/<hash>/``; a DeepSpeed checkpoint there means a previous run
-   of the same config stopped early, and training resumes from it exactly (``alignment/trainer.py``);
+   of the same config stopped early, and training resumes from it exactly (``alignment/trainer.py``); without
+   one, ``trainer.resume_from`` (another run's checkpoint, part of the key) starts it where that run stopped;
 4. training (``alignment/trainer.py``) with metrics to ``metrics.jsonl`` and W&B, an evaluation every
    ``trainer.eval_every`` steps (simulated streak on held-out verifier continuations, and the decoder's accepted
-   streak on a few prompts), checkpoints every ``trainer.save_every`` steps;
+   streak on a few prompts), checkpoints every ``trainer.save_every`` steps (the last ``trainer.keep_last``
+   DeepSpeed ones kept, and ``trainer.keep_exports`` of the exports, default all);
 5. the final drafter as a Hugging Face folder ``drafter/`` (LoRA merged, ``alignment/lora.py``) that
    ``stage=decode`` loads with ``model.drafter.path=<run>/drafter``; the runner writes the manifest last.
 
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.artifacts import StageRun, manifest_or_none
+from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, read_manifest
 from streakline.config import ConfigError
 
 from .common.lookup import trajectories_dir
@@ -37,8 +39,12 @@ from .common.roles import role_tokenizer
 from .runner import Stage, StageResult
 
 TEACHER_LOSSES = ("distillspec", "ar_distill")
-# Cadence settings: when to log, evaluate and save does not change the trained drafter, so it does not move the run.
-CADENCE = ("save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts")
+# Cadence settings: when to log, evaluate, save and prune does not change the trained drafter, so it does not move
+# the run.
+CADENCE = (
+    "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
+    "keep_exports",
+)  # fmt: skip
 
 
 class Distill(Stage):
@@ -58,12 +64,22 @@ class Distill(Stage):
             )
         # Before any folder is made: a refused run must leave nothing behind (the shards themselves are checked
         # against the drafter's tokenizer when the run loads them).
+        if cfg.trainer.resume_from:
+            _resume_source(cfg)
         folder = trajectories_dir(cfg).parent
-        done = manifest_or_none(folder)
+        make = f"python launch.py stage=trajectories model={cfg.model.name} and the same model and data options"
+        if (folder / MANIFEST_NAME).is_file():
+            try:
+                done = read_manifest(folder)
+            except ArtifactError as e:  # "not there" would send the user looking for the wrong problem
+                raise ConfigError(f"the trajectories cannot be used: {e} (they are made by {make})") from e
+        else:
+            done = None
         if done is None or done.status != "complete":
+            why = "unfinished" if done is not None else "none"
             raise ConfigError(
-                f"no complete trajectories for these verifier and data settings (looked in {folder}); make them with "
-                f"python launch.py stage=trajectories model={cfg.model.name} and the same model and data options"
+                f"no complete trajectories for these verifier and data settings ({why} in {folder}); make them with "
+                f"{make}"
             )
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
@@ -71,6 +87,10 @@ class Distill(Stage):
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
         for k in CADENCE:
             trainer.pop(k, None)
+        # A run extended from another starts from that checkpoint, so the checkpoint (resolved: a run folder's
+        # `latest` tag) is part of the key; unset, the key leaves it out and folders of earlier runs keep their hash.
+        if trainer.pop("resume_from", None):
+            trainer["resume_from"] = _resume_source(cfg)
         drafter = cfg.model.drafter
         return {
             "drafter": drafter.path or drafter.hub_id,
@@ -185,6 +205,21 @@ def train_temperature(cfg: DictConfig) -> float:
     default) ``decoder.drafter_temperature``, the temperature the decoder drafts at. The run key holds the value."""
     tau = cfg.method.drafter_temperature
     return float(cfg.decoder.drafter_temperature if tau is None else tau)
+
+
+def _resume_source(cfg: DictConfig) -> str:
+    """The DeepSpeed checkpoint ``trainer.resume_from`` names, as ``<folder>/<tag>``; ConfigError naming the path
+    and the fix when there is none, or when its step leaves nothing to train."""
+    from streakline.alignment.trainer import find_checkpoint, tag_step
+
+    folder, tag = find_checkpoint(cfg.trainer.resume_from)
+    step = tag_step(tag)
+    if step is not None and step >= cfg.trainer.max_steps:
+        raise ConfigError(
+            f"trainer.resume_from={cfg.trainer.resume_from} holds step {step} and trainer.max_steps="
+            f"{cfg.trainer.max_steps} leaves nothing to train; set trainer.max_steps above {step}"
+        )
+    return str(folder / tag)
 
 
 def _gamma(cfg: DictConfig) -> int:

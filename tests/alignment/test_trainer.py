@@ -1,13 +1,29 @@
 """The training module: online teacher logits per window equal the verifier on the trajectory, and on-policy windows
-really replace the labels by drafter samples that the verifier then scores."""
+really replace the labels by drafter samples that the verifier then scores. The trainer's checkpoints: pruned to
+trainer.keep_last DeepSpeed checkpoints (exports kept unless trainer.keep_exports is set), safe against a kill
+mid-prune, and trainer.resume_from extending another run bit-exactly.
+
+    python -m pytest tests/alignment/test_trainer.py -q
+"""
+
+import json
+from pathlib import Path
 
 import datasets
+import pytest
 import torch
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
 from streakline.alignment.data import TrajectoryWindows
 from streakline.alignment.losses import LossSettings
-from streakline.alignment.trainer import DraftTrainModule
+from streakline.alignment.strategy import DeepSpeedStrategy, lr_lambda
+from streakline.alignment.tracking import Tracker
+from streakline.alignment.trainer import FAULT_SIGTERM_AT, DraftTrainModule, Preempted, Trainer, find_checkpoint
+from streakline.config import ConfigError, compose_config
+from streakline.config.schema import TrainerConfig
 from streakline.models import Transformer
+from streakline.pipelines.distill import STAGE as DISTILL
 from tests.models.helpers import VOCAB, tiny_config
 
 MASK = VOCAB - 1
@@ -63,3 +79,167 @@ def test_onpolicy_windows_are_resampled_and_offpolicy_ones_are_not():
     assert a != b and a != losses_off[0]  # drafter samples as labels, a fresh draw each time
     torch.manual_seed(1)
     assert float(on(batch)[0].detach()) == a  # and seeded like everything else, so resume stays exact
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints, resume
+# Tiny runs of the real Trainer on a one-rank CPU DeepSpeed engine (ZeRO-0, fp32): checkpoints are pruned to
+# trainer.keep_last (exports kept unless trainer.keep_exports says otherwise), a kill mid-prune loses nothing, and
+# trainer.resume_from extends another run exactly.
+
+
+def _cfg(**values):
+    base = dict(name="cpu", zero_stage=0, precision="fp32", lr=3e-3, warmup_steps=1, max_steps=8,
+                micro_batch_size=2, save_every=2, eval_every=100, log_every=1)  # fmt: skip
+    return OmegaConf.structured(TrainerConfig(**{**base, **values}))
+
+
+def _train(run_dir: Path, *, fit: bool = True, **values) -> Trainer:
+    """A Trainer in ``run_dir`` (``values`` override the trainer settings), resumed and, with ``fit``, trained."""
+    cfg = _cfg(**values)
+    strategy = DeepSpeedStrategy(cfg, seed=0)
+    drafter = Transformer(tiny_config("qwen2", attention="prefix_causal", mask_token_id=MASK)).init_weights(seed=1)
+    engine = strategy.setup(DraftTrainModule(drafter, LossSettings(name="ce_streak"), mask_id=MASK))
+    windows = TrajectoryWindows(_rows(), gamma=4, mask_id=MASK, windows_per_seq=4)
+
+    def export(step, state):
+        folder = run_dir / "checkpoints" / f"step-{step:06d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.clone() for k, v in state.items()}, folder / "model.safetensors")  # clone: tied weights
+        return folder
+
+    trainer = Trainer(strategy, engine, windows, cfg, run_dir, Tracker(run_dir / "metrics.jsonl"), export=export)
+    start = trainer.resume()
+    if fit:
+        trainer.fit(start_step=start)
+    trainer.start = start
+    return trainer
+
+
+def _rows():
+    g = torch.Generator().manual_seed(0)
+    n = 6
+    return datasets.Dataset.from_dict(
+        {
+            "prompt_id": [f"p{i}" for i in range(n)],
+            "sample_index": [0] * n,
+            "seed": [0] * n,
+            "finish_reason": ["eos"] * n,
+            "prompt_ids": [torch.randint(0, MASK, (4 + i,), generator=g).tolist() for i in range(n)],
+            "completion_ids": [torch.randint(0, MASK, (8 + i,), generator=g).tolist() for i in range(n)],
+        }
+    )
+
+
+def _tags(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "deepspeed").iterdir() if p.is_dir())
+
+
+def _exports(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.engine.module.state_dict().items()}
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _logged(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A complete 4-step run (checkpoints at 2 and 4, all kept) that other runs extend; never written to again."""
+    run_dir = tmp_path_factory.mktemp("finished")
+    _train(run_dir, max_steps=4, keep_last=None)
+    return run_dir
+
+
+def test_keep_last_leaves_that_many_deepspeed_checkpoints_and_every_export(tmp_path, capsys):
+    run = _train(tmp_path, keep_last=2)
+    assert _tags(tmp_path) == ["step-000006", "step-000008"]
+    assert (tmp_path / "deepspeed" / "latest").read_text() == "step-000008"
+    assert _exports(tmp_path) == ["step-000002", "step-000004", "step-000006", "step-000008"]  # Fig. 7's points
+    out = capsys.readouterr().out
+    assert "distill: kept the last 2 checkpoints; removed step-000002" in out
+    assert "removed step-000004" in out and "exports" not in out
+    assert run.last_export == tmp_path / "checkpoints" / "step-000008"
+
+
+def test_keep_last_none_keeps_every_checkpoint_and_keep_exports_prunes_exports(tmp_path, capsys):
+    _train(tmp_path, keep_last=None, keep_exports=1)
+    assert _tags(tmp_path) == ["step-000002", "step-000004", "step-000006", "step-000008"]
+    assert _exports(tmp_path) == ["step-000008"]  # the final export, the one exported.json names, stays
+    assert json.loads((tmp_path / "deepspeed" / "exported.json").read_text())["tag"] == "step-000008"
+    assert "kept the last 1 exports; removed checkpoints/step-000006" in capsys.readouterr().out
+
+
+def test_a_kill_mid_prune_loses_nothing_and_the_next_start_finishes_it(tmp_path):
+    reference = _weights(_train(tmp_path, keep_last=None))
+    # killed between the rename and the deletion: the oldest checkpoint and export sit under temp names
+    for sub in ("deepspeed", "checkpoints"):
+        (tmp_path / sub / "step-000002").rename(tmp_path / sub / ".step-000002.0badcafe.tmp")
+    again = _train(tmp_path, fit=False, keep_last=2)  # a rerun: sweeps, resumes, then prunes what is left over
+    assert again.start == 8
+    _assert_same(reference, _weights(again))
+    assert _tags(tmp_path) == ["step-000006", "step-000008"]
+    assert _exports(tmp_path) == ["step-000004", "step-000006", "step-000008"]
+
+
+def test_resume_from_continues_another_run_bit_exactly(tmp_path, monkeypatch, capsys):
+    uninterrupted = _weights(_train(tmp_path / "ref"))
+    monkeypatch.setenv(FAULT_SIGTERM_AT, "4")  # run A stops at step 4 of the same 8-step schedule
+    with pytest.raises(Preempted):
+        _train(tmp_path / "a")
+    monkeypatch.delenv(FAULT_SIGTERM_AT)
+    extended = _train(tmp_path / "b", resume_from=str(tmp_path / "a"))
+    assert extended.start == 4
+    _assert_same(uninterrupted, _weights(extended))
+    assert sorted(_logged(tmp_path / "b")) == [5, 6, 7, 8]
+    assert _tags(tmp_path / "a") == ["step-000002", "step-000004"]  # the other run's folder is only read
+    # a rerun of the extended run resumes from its own checkpoint, not from A's again
+    capsys.readouterr()
+    assert _train(tmp_path / "b", fit=False, resume_from=str(tmp_path / "a")).start == 8
+    assert f"resumed from {tmp_path / 'b' / 'deepspeed' / 'step-000008'}" in capsys.readouterr().out
+
+
+def test_resume_from_a_finished_run_trains_to_the_new_max_steps_on_the_new_schedule(tmp_path, finished):
+    run = _train(tmp_path, resume_from=str(finished / "deepspeed"), max_steps=8, lr=6e-3)
+    assert run.start == 4
+    logged = _logged(tmp_path)
+    assert sorted(logged) == [5, 6, 7, 8] and _tags(tmp_path) == ["step-000006", "step-000008"]
+    schedule = lr_lambda(1, 8, TrainerConfig.min_lr_ratio)  # this run's: lr 6e-3, cosine over 8 steps
+    for step in logged:
+        assert logged[step]["lr"] == pytest.approx(6e-3 * schedule(step), rel=1e-12)
+    named = _train(tmp_path / "named", fit=False, resume_from=str(finished / "deepspeed" / "step-000002"))
+    assert named.start == 2
+
+
+def test_resume_from_is_resolved_or_refused_before_any_folder_is_made(tmp_path, finished, monkeypatch):
+    for given in (finished, finished / "deepspeed", finished / "deepspeed" / "step-000004"):
+        assert find_checkpoint(given) == (finished / "deepspeed", "step-000004")
+    assert find_checkpoint(finished / "deepspeed" / "step-000002") == (finished / "deepspeed", "step-000002")
+    root = tmp_path / "runs"
+    for path, message in (
+        (tmp_path / "nowhere", r"trainer.resume_from=.*nowhere: no DeepSpeed checkpoint there; give a distill"),
+        (finished, r"holds step 4 and trainer.max_steps=4 leaves nothing to train; set trainer.max_steps above 4"),
+    ):
+        cfg = compose_config(["stage=distill", f"run_root={root}", f"trainer.resume_from={path}",
+                              "trainer.max_steps=4"])  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            DISTILL.check(cfg)
+    assert not root.exists()
+    # the checkpoint is part of the run key; unset, the key is what it was before the setting existed. (The key's
+    # trajectories folder needs the world's tokenizer, which this test does not build.)
+    monkeypatch.setattr("streakline.pipelines.distill.trajectories_dir", lambda cfg: tmp_path / "trajectories")
+    base = compose_config(["stage=distill", f"run_root={root}"])
+    assert "resume_from" not in DISTILL.key(base)["trainer"]
+    extended = compose_config(["stage=distill", f"run_root={root}", f"trainer.resume_from={finished}"])
+    assert DISTILL.key(extended)["trainer"]["resume_from"] == str(finished / "deepspeed" / "step-000004")
+    pruned = compose_config(["stage=distill", f"run_root={root}", "trainer.keep_last=5", "trainer.keep_exports=3"])
+    assert DISTILL.key(pruned) == DISTILL.key(base)  # pruning is cadence: it does not move the run
