@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import IO, Any
 
+from streakline.errors import UserError
 from streakline.faults import kill_point
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,22 @@ DEFAULT_PACKAGES = (
 )  # fmt: skip
 
 
-class ArtifactError(RuntimeError):
+class ArtifactError(UserError, RuntimeError):
     """A run folder or manifest is missing, unreadable or inconsistent; the message says how to fix it."""
+
+
+def check_run_root(root: str | os.PathLike) -> None:
+    """Make ``root`` (``run_root``) if missing and raise ArtifactError unless this user can write there. Checked
+    before any work: found at the first write, it would cost the work done until then."""
+    root = Path(root).absolute()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ArtifactError(
+            f"run_root={root} cannot be created ({e.strerror}); set run_root=<a writable folder>"
+        ) from e
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ArtifactError(f"run_root={root} is not writable by this user; set run_root=<a writable folder>")
 
 
 def _plain(cfg: Any) -> Any:
@@ -369,6 +384,7 @@ class StageRun:
         self.manifest: Manifest | None = None
         self.dir = run_path(root, experiment, stage, self.cfg_hash)
         self._started_at = ""
+        self._made_folder = False
 
     def add_output(self, relpath: str | os.PathLike) -> Path:
         """Record a file or folder (relative to ``run.dir``) as an output; returns its absolute path."""
@@ -386,6 +402,7 @@ class StageRun:
         return self.dir / rel
 
     def __enter__(self) -> StageRun:
+        self._made_folder = not self.dir.exists()
         folder = run_dir(self.root, self.experiment, self.stage, self.cfg_hash)
         swept = sweep_temp_files(folder)
         if swept:
@@ -431,5 +448,19 @@ class StageRun:
             # An older failure record describes a run this success supersedes.
             (self.dir / FAILED_MANIFEST_NAME).unlink(missing_ok=True)
             return False
+        if isinstance(exc, UserError) and self._made_folder and not any(self.dir.iterdir()):
+            _remove_empty(self.dir, stop=Path(self.root))
+            return False
         self._record_failure("".join(traceback.format_exception(exc_type, exc, tb)))
         return False  # never swallow the stage's exception
+
+
+def _remove_empty(folder: Path, stop: Path) -> None:
+    """Remove ``folder`` and then each parent below ``stop`` for as long as they are empty."""
+    stop = stop.absolute()
+    while folder != stop and stop in folder.parents:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another run lives there) or already gone
+            return
+        folder = folder.parent

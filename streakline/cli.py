@@ -5,10 +5,13 @@
     python launch.py stage=distill model.verifier=qwen2.5-72b model.drafter.path=/ckpt/drafter
     python launch.py --help                             # groups and their options
 
-Order of work: check and rewrite the overrides (unknown keys exit with status 2 before Hydra starts),
-compose with Hydra from the repository's ``conf/``, merge onto the schema, validate, make paths absolute,
-then hand the config to the stage named by ``stage=``. Heavy libraries are imported by the stages, not
-here, so ``--help`` and ``--cfg`` stay fast.
+Input the user can fix (any ``streakline.errors.UserError``) ends the run with one line on stderr and exit status 2;
+``debug=true`` (or ``STREAKLINE_DEBUG=1``) shows its traceback too.
+
+Order of work: check and rewrite the overrides (unknown keys exit with status 2 before Hydra starts), compose with
+Hydra from the repository's ``conf/``, merge onto the schema, validate, make paths absolute, then hand the config to
+the stage named by ``stage=``. Heavy libraries are imported by the stages, not here, so ``--help`` and ``--cfg`` stay
+fast.
 """
 
 import os
@@ -17,30 +20,39 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from streakline.artifacts import check_run_root
 from streakline.config import (
     CONF_DIR,
+    Config,
     ConfigError,
-    OverrideError,
     as_schema,
     register_configs,
     resolve_paths,
     rewrite_overrides,
     validate,
 )
+from streakline.errors import DEBUG_ENV, UserError, debugging
 
 USAGE_ERROR = 2
+# Hydra's flags that print and stop: no job runs, so nothing may be created
+INFO_FLAGS = {"--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--version", "--shell-completion", "-sc"}
 # Stages that start one process per GPU: inside a multi-node / multi-GPU Slurm job each node runs torchrun over them.
 TORCHRUN_STAGES = ("distill",)
 
 
 def main() -> None:
     """Entry point: rewrite ``sys.argv``'s overrides, then run the Hydra app."""
+    _take_debug_flag(sys.argv)
     if not (CONF_DIR / "config.yaml").is_file():
         _fail(f"config folder not found at {CONF_DIR}; install streakline from its source tree (pip install -e .)")
     try:
         sys.argv[1:] = rewrite_overrides(sys.argv[1:], CONF_DIR)
-    except OverrideError as err:
-        _fail(str(err))
+        if not any(a.split("=", 1)[0] in INFO_FLAGS for a in sys.argv[1:]):
+            # a job is going to run, and Hydra makes its log folder under run_root before any of our code runs
+            check_run_root(_run_root(sys.argv[1:]))
+        _check_slurm(sys.argv[1:])
+    except UserError as err:
+        _fail_with(err)
     register_configs()
     _app()
 
@@ -54,7 +66,7 @@ def _app(cfg: DictConfig) -> None:
         cfg.overrides = list(HydraConfig.get().overrides.task)
         validate(cfg)
     except ConfigError as err:
-        _fail(f"invalid config: {err}")
+        _fail_with(err, "invalid config: ")
     resolve_paths(cfg)
     if cfg.launcher.name == "slurm" and not _submitted(HydraConfig.get()):
         # Hydra hands jobs to a launcher only in multirun mode: without -m this would run here, silently
@@ -66,15 +78,13 @@ def _app(cfg: DictConfig) -> None:
         return
 
     # Only the entry point may import pipelines/ (docs/design.md, Layout).
-    from streakline.decoding.vanilla import PositionLimitError
-    from streakline.models import CheckpointError
-    from streakline.pipelines import StageNotBuiltError, run_stage
+    from streakline.pipelines import run_stage
 
     try:
         run_stage(cfg)
-    except (StageNotBuiltError, ConfigError, CheckpointError, PositionLimitError) as err:
+    except UserError as err:
         # input the user can fix (a bad combination of settings, a missing checkpoint): a message, not a traceback
-        _fail(str(err))
+        _fail_with(err)
 
 
 def _submitted(hydra_cfg) -> bool:
@@ -102,6 +112,50 @@ def _run_ranks(cfg: DictConfig) -> bool:
     if code != 0:  # an exception, not SystemExit: submitit reports it back to the driver
         raise RuntimeError(f"torchrun exited with status {code}: {' '.join(ranks)}")
     return True
+
+
+def _run_root(args: list[str]) -> str:
+    """The ``run_root`` the command line sets (the last one wins, as in Hydra), else the schema's default."""
+    given = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0].lstrip("+") == "run_root"]
+    return given[-1] if given else Config.run_root
+
+
+def _check_slurm(args: list[str]) -> None:
+    """Refuse ``-m launcher=slurm`` on a machine without Slurm's commands, before Hydra's submitit launcher fails on
+    it with a 25-line traceback."""
+    import shutil
+
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    if multirun and "launcher=slurm" in args:
+        missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
+        if missing:
+            verb = "is" if len(missing) == 1 else "are"
+            raise ConfigError(
+                f"launcher=slurm submits with Slurm, but {' and '.join(missing)} {verb} not on this machine's PATH: "
+                "run from a Slurm login node (or load its module), or drop launcher=slurm to run here"
+            )
+
+
+def _take_debug_flag(argv: list[str]) -> None:
+    """Remove ``debug=true`` from ``argv`` and set ``STREAKLINE_DEBUG`` instead: a flag of the command line, not a
+    setting of the run (it must not change a run's hash), and seen by every process the run starts."""
+    for arg in list(argv[1:]):
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") == "debug":
+            if value.lower() not in ("true", "false", "1", "0"):
+                _fail(f"debug={value} is not valid; use debug=true (tracebacks for input errors) or debug=false")
+            argv.remove(arg)
+            os.environ[DEBUG_ENV] = "1" if value.lower() in ("true", "1") else "0"
+    if debugging():
+        os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra otherwise trims the traceback to its last frame
+
+
+def _fail_with(err: UserError, prefix: str = "") -> None:
+    """Print a user error as one line (status 2), or re-raise it with its traceback under ``debug=true``."""
+    if debugging():
+        raise err
+    # A message is one line: a second one (a hint) joins the first, so logs and Slurm's .err keep it whole.
+    _fail(prefix + " ".join(line.strip() for line in str(err).splitlines() if line.strip()))
 
 
 def _fail(message: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from streakline import artifacts
 from streakline.artifacts import ArtifactError, Manifest, StageRun
+from streakline.config import ConfigError
 
 CFG = {"model": {"layers": 2, "width": 64}, "lr": 3e-4, "paths": {"out": "/tmp/a"}, "tags": ["x", {"k": 1}]}
 
@@ -184,6 +185,42 @@ def test_stage_run_exception_writes_failed_manifest_and_reraises(tmp_path):
     assert m.status == "failed" and "ZeroDivisionError" in m.error
     assert m.outputs == ["model.bin"]  # only what exists, so the failure record itself is consistent
     assert artifacts.find_complete(tmp_path, "tiny", "train", run.cfg_hash) is None
+
+
+def test_a_user_error_leaves_no_folder_only_when_the_run_made_it_and_wrote_nothing(tmp_path):
+    with pytest.raises(ConfigError):
+        with StageRun(tmp_path, "tiny", "train", CFG) as run:
+            raise ConfigError("bad input")
+    assert not (tmp_path / "tiny").exists()  # the experiment and stage folders it made went too
+    # something written: the failure record stays, to inspect and resume
+    with pytest.raises(ConfigError):
+        with StageRun(tmp_path, "tiny", "train", CFG) as run:
+            run.add_output("part.bin").write_text("partial")
+            raise ConfigError("bad input")
+    assert artifacts.read_manifest(run.dir).status == "failed"
+    # an existing folder (an earlier attempt's) is never removed, and an error that is not the user's keeps its record
+    (run.dir / "part.bin").unlink()
+    (run.dir / "manifest.json").unlink()
+    for error in (ConfigError, ZeroDivisionError):
+        with pytest.raises(error):
+            with StageRun(tmp_path, "tiny", "train", CFG):
+                raise error("x")
+        assert artifacts.read_manifest(run.dir).status == "failed"
+
+
+def test_remove_tree_cut_short_is_finished_by_the_next_sweep(tmp_path):
+    keep, doomed = tmp_path / "step-000004", tmp_path / "step-000002"
+    for folder in (keep, doomed):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "w.bin").write_bytes(b"x")
+    artifacts.remove_tree(doomed)
+    assert not doomed.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["step-000004"]
+    # a kill between the rename and the deletion leaves the temp-named folder; the sweep removes it, and only it
+    (tmp_path / "step-000003").mkdir()
+    (tmp_path / "step-000003").rename(tmp_path / ".step-000003.0badcafe.tmp")
+    (tmp_path / ".half.json.12345678.tmp").write_text("{")
+    assert artifacts.sweep_temp_files(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004"] and (keep / "sub" / "w.bin").is_file()
 
 
 def test_stage_run_missing_output_on_clean_exit_fails(tmp_path):

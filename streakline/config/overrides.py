@@ -12,9 +12,10 @@ Two things happen here, for ``streakline.cli`` and for :func:`streakline.config.
 * every plain ``a.b.c=value`` key is looked up in the dataclass schema, so a typo such as
   ``trainer.lrr=1`` stops with the valid keys at that level instead of Hydra's bare "Could not override".
 
-Group selections (``model=dream``, ``+group=option``), ``hydra.*`` keys, deletions (``~key``) and keys
-with ``@`` or ``/`` pass through for Hydra to judge. ``+key=value`` and ``++key=value`` are checked like
-plain keys: Hydra adds such keys with struct mode lifted, and the schema has no room for new ones.
+Group selections (``model=dream``, ``+group=option``) are checked against the group's YAML files, so
+``model=dreem`` stops with the options instead of Hydra's 20-line "Could not find". ``hydra.*`` keys, deletions
+(``~key``) and keys with ``@`` or ``/`` pass through for Hydra to judge. ``+key=value`` and ``++key=value`` are
+checked like plain keys: Hydra adds such keys with struct mode lifted, and the schema has no room for new ones.
 
 Try it: ``python launch.py --cfg job model.verifier=qwen2.5-72b``.
 """
@@ -27,6 +28,7 @@ import typing
 from pathlib import Path
 
 from streakline.config.schema import ROLES, STAGE_SCHEMAS, Config
+from streakline.errors import UserError
 
 ROLE_KEYS = tuple(f"model.{role}" for role in ROLES)
 CHECKPOINT_GROUP = "checkpoint"
@@ -36,7 +38,7 @@ VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--conf
 CONF_DIR_FLAGS = {"--config-dir", "-cd"}
 
 
-class OverrideError(ValueError):
+class OverrideError(UserError, ValueError):
     """An override that names a key or preset that does not exist."""
 
 
@@ -89,6 +91,12 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
                 _WARNED.add(plain)
                 print(f"streakline: {plain}= is now {new}= (the old name goes in the next release)", file=sys.stderr)
             out[position] = f"{key[: len(key) - len(plain)]}{new}={value}"
+            continue
+        if plain in groups:
+            options = sorted({o for d in conf_dirs for o in group_options(d, plain)})
+            _check_option(
+                plain, value, options, f"an option of {plain}; {plain}=NAME takes one of: {', '.join(options)}"
+            )
             continue
         setting = stage_setting(plain, stage)
         if setting is not None:
@@ -153,15 +161,24 @@ def _passes_through(key: str, groups: list[str]) -> bool:
 
 
 def _check_presets(key: str, value: str, presets: list[str]) -> None:
-    # A comma list is a multirun sweep over presets; a function such as choice(...) is left to Hydra.
+    _check_option(
+        key, value, presets,
+        f"a checkpoint preset; {key}=NAME takes one of: {', '.join(presets)}. To point the role at a local folder "
+        f"use {key}.path=/path/to/checkpoint",
+    )  # fmt: skip
+
+
+def _check_option(key: str, value: str, options: list[str], what: str) -> None:
+    """Raise :class:`OverrideError` unless every name in ``value`` is one of ``options``; ``what`` ends the message
+    ("'x' is not <what>"). A comma list is a multirun sweep; a function such as choice(...), ``null`` (no option)
+    and a path into a subfolder are left to Hydra."""
     if "(" in value:
         return
     for name in (v.strip() for v in value.split(",")):
-        if name not in presets:
-            raise OverrideError(
-                f"'{name}' is not a checkpoint preset; {key}=NAME takes one of: {', '.join(presets)}. "
-                f"To point the role at a local folder use {key}.path=/path/to/checkpoint"
-            )
+        if name not in options and name != "null" and "/" not in name:
+            close = difflib.get_close_matches(name, options, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise OverrideError(f"'{name}' is not {what}{hint}")
 
 
 def check_key(key: str, groups: list[str] | None = None, root: type = Config, where: str = "") -> None:

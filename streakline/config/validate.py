@@ -33,9 +33,10 @@ from streakline.config.schema import (
     TRAJECTORY_BACKENDS,
     ZERO_STAGES,
 )
+from streakline.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A composed config that is well typed but cannot be run."""
 
 

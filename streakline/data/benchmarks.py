@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streakline.errors import UserError
+
 from .corpora.code import code_texts
 from .corpora.math import math_texts
 
@@ -33,7 +35,7 @@ BODY_LINES = (2, 30)  # inclusive bounds on a tiny-code reference, in source lin
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-class BenchmarkError(ValueError):
+class BenchmarkError(UserError, ValueError):
     """A benchmark cannot be loaded; the message says what to do instead."""
 
 
@@ -329,7 +331,10 @@ def _text(value: Any) -> str:
 
 def _map_rows(spec: BenchmarkSpec, rows: list[dict[str, Any]], source: str) -> list[dict[str, str]]:
     if not rows:
-        raise BenchmarkError(f"{source} has no records for benchmark {spec.name!r}")
+        fields = " and ".join(repr(alts[0]) for alts in (spec.prompt, spec.reference) if alts)
+        raise BenchmarkError(
+            f"{source} has no records for benchmark {spec.name!r}; it needs one JSON object per line with {fields}"
+        )
     common = set(rows[0]).intersection(*rows[1:])
     needed = {"prompt": spec.prompt, "reference": spec.reference}
     missing = [role for role, alts in needed.items() if alts and not any(a in common for a in alts)]

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from streakline.artifacts import atomic_file
+from streakline.errors import UserError
 
 SCHEMA_VERSION = 1
 META_KEY = b"streakline"
@@ -60,7 +61,7 @@ _HEX12 = re.compile(r"[0-9a-f]{12}")
 _REGENERATE = "delete it and rerun stage=trajectories to regenerate it"
 
 
-class TrajectoryError(ValueError):
+class TrajectoryError(UserError, ValueError):
     """A trajectory shard or its rows are unusable; the message says what to do about it."""
 
 

@@ -18,7 +18,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from streakline.errors import UserError
+
 from .speculative import SpecConfig, generate
+
+
+class BackendError(UserError, RuntimeError):
+    """A sampling backend this machine cannot run; the message names the alternative."""
+
+
+def check_backend(name: str) -> None:
+    """Raise BackendError when backend ``name`` cannot run here (cheap: nothing is loaded), so a stage refuses it
+    before any work."""
+    import importlib.util
+
+    import torch
+
+    if name != "vllm":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise BackendError(
+            "data.backend=vllm needs vLLM (`pip install vllm` on a GPU machine); use data.backend=native"
+        )
+    if not torch.cuda.is_available():
+        raise BackendError("data.backend=vllm needs a GPU; none is visible here. Use data.backend=native")
 
 
 @dataclass(kw_only=True)
@@ -85,16 +108,9 @@ class VllmBackend:
     name = "vllm"
 
     def __init__(self, checkpoint: str, settings: SampleSettings, tokenizer=None) -> None:
-        import torch
+        check_backend(self.name)
+        import vllm
 
-        try:
-            import vllm
-        except ImportError as e:
-            raise RuntimeError(
-                "data.backend=vllm needs vLLM (`pip install vllm` on a GPU machine); use data.backend=native"
-            ) from e
-        if not torch.cuda.is_available():
-            raise RuntimeError("data.backend=vllm needs a GPU; none is visible here. Use data.backend=native")
         self.vllm, self.settings = vllm, settings
         self.llm = vllm.LLM(model=checkpoint, tokenizer=checkpoint, seed=0, enable_prefix_caching=True)
 

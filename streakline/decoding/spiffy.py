@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from streakline.artifacts import write_json_atomic
+from streakline.errors import UserError
 
 from .block_diffusion import BlockDrafter, DraftContext, Drafts, stale_topk
 
@@ -44,7 +45,11 @@ Pair = tuple[int, int]
 Node = frozenset  # frozenset[Pair]
 
 
-class GraphMismatchError(ValueError):
+class GraphError(UserError, ValueError):
+    """A graph file that is missing, not JSON, or not a Spiffy graph this code reads; the message says the fix."""
+
+
+class GraphMismatchError(GraphError):
     """A graph calibrated for another target or decoding config than the decode that wants to use it."""
 
 
@@ -151,14 +156,14 @@ class SpiffyGraph:
     def from_json(cls, data: Any, source: str = "graph") -> SpiffyGraph:
         fix = "recalibrate it with `python launch.py stage=spiffy model=...`"
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{source} is not a Spiffy graph (no format {FORMAT!r}); {fix}")
+            raise GraphError(f"{source} is not a Spiffy graph (no format {FORMAT!r}); {fix}")
         if data.get("version") != VERSION:
-            raise ValueError(
+            raise GraphError(
                 f"{source} has graph format version {data.get('version')}, this code reads {VERSION}; {fix}"
             )
         header = data.get("header")
         if not isinstance(header, dict) or (missing := [k for k in HEADER_KEYS if k not in header]):
-            raise ValueError(f"{source}'s header lacks {missing if isinstance(header, dict) else 'everything'}; {fix}")
+            raise GraphError(f"{source}'s header lacks {missing if isinstance(header, dict) else 'everything'}; {fix}")
         try:
             rows = sorted(data["nodes"], key=lambda n: n["id"])
             if [n["id"] for n in rows] != list(range(len(rows))):
@@ -171,7 +176,7 @@ class SpiffyGraph:
                 stats=data.get("stats", {}),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{source} holds a malformed graph ({e}); {fix}") from e
+            raise GraphError(f"{source} holds a malformed graph ({e}); {fix}") from e
 
     def save(self, path: str | os.PathLike) -> Path:
         write_json_atomic(path, self.to_json())
@@ -182,9 +187,9 @@ class SpiffyGraph:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise FileNotFoundError(f"no Spiffy graph at {path}; run `python launch.py stage=spiffy` first") from None
+            raise GraphError(f"no Spiffy graph at {path}; run `python launch.py stage=spiffy` first") from None
         except ValueError as e:
-            raise ValueError(f"{path} is not JSON ({e}); delete it and rerun `python launch.py stage=spiffy`") from e
+            raise GraphError(f"{path} is not JSON ({e}); delete it and rerun `python launch.py stage=spiffy`") from e
         return cls.from_json(data, source=str(path))
 
     # --------------------------------------------------------------------------------------------- checking

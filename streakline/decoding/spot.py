@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from streakline.errors import UserError
 from streakline.models.order_model import OrderModel, order_features
 
 from .block_diffusion import BlockDrafter, DraftContext, Drafts, stale_topk
@@ -53,7 +54,7 @@ class SpotTree:
         return Drafts(self.tokens[:, 1 : 1 + n], self.valid[:, 1 : 1 + n])
 
 
-class OrderModelMismatchError(ValueError):
+class OrderModelMismatchError(UserError, ValueError):
     """An order model that learnt another draft-free decoder's commit order than the one decoding now."""
 
 

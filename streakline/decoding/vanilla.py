@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from streakline.errors import UserError
 from streakline.models import KVCache, Transformer
 
 
@@ -27,7 +28,7 @@ def left_pad(prompts: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, t
     return ids, mask
 
 
-class PositionLimitError(ValueError):
+class PositionLimitError(UserError, ValueError):
     """A decode that would run past a model's ``max_position_embeddings``: positions beyond it were never trained,
     so the output would be silently wrong rather than an error."""
 

@@ -32,11 +32,13 @@ from pathlib import Path
 
 import torch
 
+from streakline.errors import UserError
+
 from .config import FAMILIES, FamilySpec, TransformerConfig
 from .transformer import Transformer
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint folder that cannot be read or written as asked; the message says how to fix it."""
 
 
@@ -175,24 +177,51 @@ def folder_family(folder: str | os.PathLike, fallback: str | None = None) -> str
 
 def load_state(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint folder (single file, sharded index, or a weights-only torch file)."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(single)
+        return _read_safetensors(single)
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         state: dict[str, torch.Tensor] = {}
         for shard in shards:
             if not (folder / shard).is_file():
                 raise CheckpointError(f"{index} lists {shard}, which is missing: the download is incomplete")
-            state.update(load_file(folder / shard))
+            state.update(_read_safetensors(folder / shard))
         return state
     legacy = folder / "pytorch_model.bin"
     if legacy.is_file():
         return torch.load(legacy, map_location="cpu", weights_only=True)
-    raise CheckpointError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {folder}")
+    raise CheckpointError(
+        f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {folder}; the weights are missing "
+        "(an incomplete download or copy?): fetch them again or point model.<role>.path at the folder that holds them"
+    )
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError) as e:  # a file cut short by a failed copy or download, or not safetensors
+        raise CheckpointError(
+            f"cannot read the weights in {path} ({e}); the file is damaged or incomplete: copy or download it again"
+        ) from e
+
+
+def _check_shapes(folder: str | os.PathLike, model: Transformer, ours: dict[str, torch.Tensor], names) -> None:
+    """Raise CheckpointError when a tensor's shape differs from the one ``config.json`` implies: weights and
+    config from different models (torch's own message is a size-mismatch list deep in a traceback)."""
+    expected = dict(model.state_dict(keep_vars=True))
+    wrong = [(k, tuple(v.shape), tuple(expected[k].shape)) for k, v in ours.items() if v.shape != expected[k].shape]
+    if wrong:
+        name, got, want = wrong[0]
+        raise CheckpointError(
+            f"{folder}: {len(wrong)} tensors do not have the shapes its config.json implies (first: {names[name]} "
+            f"is {list(got)}, config.json implies {list(want)}); the config and the weights come from different "
+            f"models: take both from the same checkpoint"
+        )
 
 
 def load_pretrained(
@@ -227,6 +256,7 @@ def load_pretrained(
     with torch.device("meta"):
         model = Transformer(cfg)
     ours = {o: state[t].to(dtype) if dtype else state[t] for o, t in names.items()}
+    _check_shapes(folder, model, ours, names)
     model.load_state_dict(ours, assign=True, strict=True)
     return model.to(device)
 

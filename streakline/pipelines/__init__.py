@@ -12,6 +12,7 @@ import importlib.util
 from omegaconf import DictConfig
 
 from streakline.config.schema import STAGES as STAGE_NAMES
+from streakline.errors import UserError
 
 from .runner import Stage, StageResult, run_stage_object
 
@@ -20,7 +21,7 @@ STAGES: dict[str, str] = {name: f"{__name__}.{name}" for name in STAGE_NAMES}
 __all__ = ["STAGES", "Stage", "StageNotBuiltError", "StageResult", "built_stages", "load_stage", "run_stage"]
 
 
-class StageNotBuiltError(RuntimeError):
+class StageNotBuiltError(UserError, RuntimeError):
     """The stage is a valid name in the schema but its module is not in this version."""
 
 

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun, config_hash, find_complete, run_dir
+from streakline.artifacts import StageRun, check_run_root, config_hash, find_complete, run_dir
 
 
 @dataclass
@@ -87,9 +87,12 @@ def run_stage_object(stage: Stage, cfg: DictConfig) -> StageResult:
     if stage.needs_world:
         from streakline.world import attach_world
 
+        check_run_root(cfg.run_root)
         attach_world(cfg)
     stage.check(cfg)
     key = stage.key(cfg)
+    if key is not None:
+        check_run_root(cfg.run_root)
     if key is None:
         result = stage.run(cfg, None)
     else:

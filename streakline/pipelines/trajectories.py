@@ -61,6 +61,11 @@ class Trajectories(Stage):
     name = "trajectories"
     settings = ("data",)
 
+    def check(self, cfg: DictConfig) -> None:
+        from streakline.decoding.backends import check_backend
+
+        check_backend(cfg.data.backend)
+
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         from streakline.models.tokenizer import tokenizer_hash
 

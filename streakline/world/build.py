@@ -77,7 +77,8 @@ def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
 
     Roles given a ``path`` on the command line (``model=tiny model.drafter.path=runs/.../drafter``) keep it: the
     world's hash ignores paths, so the same world is found. Such a role reads its tokenizer from its folder, or from
-    the world's tokenizer folder when its folder holds none. Presets without a world pass through untouched.
+    the world's tokenizer folder when its folder holds none. A role's ``tokenizer`` given on the command line is kept
+    either way. Presets without a world pass through untouched.
     """
     if cfg.model.world is None:
         return cfg
@@ -87,7 +88,8 @@ def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
         node = cfg.model[role]
         if node.path is None:
             node.path = str(folder / role)
-            node.tokenizer = str(folder / "tokenizer")
+            # a tokenizer named on the command line is kept: role_tokenizer then checks that it fits the model
+            node.tokenizer = node.tokenizer or str(folder / "tokenizer")
         elif node.tokenizer is None and not has_tokenizer(node.path):
             # e.g. a folder written by transformers' model.save_pretrained, which saves no tokenizer
             node.tokenizer = str(folder / "tokenizer")

@@ -56,13 +56,21 @@ def test_unknown_key_exits_2_with_the_valid_keys(tmp_path):
     assert "valid keys under 'trainer': name, zero_stage, precision, lr, min_lr_ratio" in result.stderr
 
 
-@pytest.mark.parametrize(("override", "listed"), [("stage=nope", "doctor"), ("model=nope", "qwen2.5-72b")])
-def test_unknown_group_option_lists_the_available_options(tmp_path, override, listed):
+@pytest.mark.parametrize(
+    ("override", "listed"), [("stage=nope", "doctor"), ("model=nope", "qwen2.5-72b"), ("+method=nope", "distillspec")]
+)
+def test_unknown_group_option_exits_2_with_the_available_options(tmp_path, override, listed):
     result = launch(override, cwd=tmp_path)
-    assert result.returncode != 0
-    group = override.split("=")[0]
-    assert f"Available options in '{group}'" in result.stderr
-    assert listed in result.stderr
+    assert result.returncode == 2
+    group = override.split("=")[0].lstrip("+")
+    assert f"'nope' is not an option of {group}; {group}=NAME takes one of" in result.stderr
+    assert listed in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_close_group_option_is_suggested_and_a_sweep_is_checked_name_by_name(tmp_path):
+    assert "(did you mean 'dream'?)" in launch("model=dreem", cwd=tmp_path).stderr
+    swept = launch("-m", "model=tiny,dreem", cwd=tmp_path)
+    assert swept.returncode == 2 and "'dreem' is not an option of model" in swept.stderr
 
 
 def test_unknown_checkpoint_preset_lists_the_presets(tmp_path):

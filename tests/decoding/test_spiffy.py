@@ -13,6 +13,7 @@ from streakline.alignment.block_traces import collect_traces
 from streakline.alignment.spiffy import calibrate
 from streakline.decoding.block_diffusion import BlockDecodeConfig, DraftContext, decode_blocks
 from streakline.decoding.spiffy import (
+    GraphError,
     GraphMismatchError,
     Instances,
     SpiffyDrafter,
@@ -232,7 +233,7 @@ def test_json_round_trip_and_malformed_graphs(tmp_path, traces):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(ValueError, match="parent"):
         SpiffyGraph.load(tmp_path / "bad.json")
-    with pytest.raises(FileNotFoundError, match="stage=spiffy"):
+    with pytest.raises(GraphError, match="stage=spiffy"):
         SpiffyGraph.load(tmp_path / "missing.json")
 
 

@@ -6,11 +6,14 @@ target = block_target(cfg, "spot", device())       # refuses a target without bl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from omegaconf import DictConfig
 
 from streakline.config import ConfigError
 from streakline.models import build, locate
+from streakline.models.checkpoint import read_config
 from streakline.models.tokenizer import has_tokenizer, load_tokenizer, tokenizer_hash
 
 
@@ -27,6 +30,8 @@ def role_tokenizer(cfg: DictConfig, role: str):
     folder = node.tokenizer or node.path
     if folder is None and node.get("hub_id"):
         folder = str(locate(node, role))
+    if node.tokenizer is not None and not Path(node.tokenizer).exists():
+        raise ConfigError(f"model.{role}.tokenizer={node.tokenizer} does not exist; point it at a tokenizer folder")
     if folder is not None and not has_tokenizer(folder):
         raise ConfigError(
             f"model.{role} reads its tokenizer from {folder}, which holds no tokenizer.json / tokenizer_config.json; "
@@ -39,7 +44,25 @@ def role_tokenizer(cfg: DictConfig, role: str):
                 "or pass raw ids with prompt_ids=[...]"
             )
         return None
-    return load_tokenizer(folder)
+    weights = node.path or (locate(node, role) if node.get("hub_id") else None)
+    # the checkpoint's config first: a damaged config.json is then named as such, not as a tokenizer problem
+    rows = None if weights is None else read_config(weights, node.get("family")).vocab_size
+    tokenizer = load_tokenizer(folder)
+    if rows is not None:
+        _check_fits(role, folder, tokenizer, weights, rows)
+    return tokenizer
+
+
+def _check_fits(role: str, folder: str, tokenizer, weights, rows: int) -> None:
+    """Refuse a tokenizer with more tokens than the role's embedding has rows: its ids past the end would index
+    nothing (a silent wrong decode on CPU, a device assert on GPU). A model may have more rows than tokens (padded
+    vocabularies, e.g. Qwen2.5's 152064 rows for 151665 tokens)."""
+    if len(tokenizer) > rows:
+        raise ConfigError(
+            f"the tokenizer at {folder} has {len(tokenizer)} tokens but model.{role} ({weights}) has {rows} "
+            f"embedding rows: they belong to different models; point model.{role}.tokenizer at the tokenizer "
+            f"{weights} was trained with"
+        )
 
 
 def required_tokenizer(cfg: DictConfig, role: str, stage: str):

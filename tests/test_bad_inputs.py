@@ -1,0 +1,256 @@
+"""The catalogue of bad inputs: a mistake in a setting, a checkpoint, a tokenizer, a data file, an artifact or the
+environment ends the command with one line on stderr that names the thing at fault and the fix, exit status 2, no
+traceback, and the run root exactly as it was (no file changed, added or removed, apart from Hydra's own logs).
+
+Every case runs the real command line (``python launch.py ...``) in a child process against one run root built
+here from the micro world: trajectories, a SPOT order model and a Spiffy graph, plus copies of the trajectories with a
+cut shard and a garbled manifest, and a folder of bad files. The run root is hashed before and after each case.
+
+    .venv/bin/python -m pytest tests/test_bad_inputs.py -q
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.config import compose_config
+from streakline.pipelines import run_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENT = "cat"
+DATA = ["data.max_prompts=6", "data.samples_per_prompt=1", "data.max_new_tokens=12", "data.num_shards=2",
+        "data.batch_size=6"]  # fmt: skip
+SPOT = ["stage.prompts=4", "stage.max_new_tokens=12", "stage.num_shards=1", "stage.batch_size=4", "stage.top_k=8",
+        "stage.horizon=4", "stage.d_model=32", "stage.layers=1", "stage.heads=4", "stage.ffn=64", "stage.max_block=8",
+        "stage.steps=5", "stage.train_batch=16"]  # fmt: skip
+SPIFFY = ["stage.prompt_sources=[tiny-math-train]", "stage.prompts=3", "stage.max_new_tokens=12", "stage.horizon=3",
+          "stage.budget=4", "stage.batch_size=3", "stage.top_k=8"]  # fmt: skip
+DECODE = ["stage=decode", "decoder=vanilla", "prompt_ids=[5,6]", "decoder.max_new_tokens=4"]
+FILES = ["data.mix_weights=[]"]  # one prompt source instead of the preset's two weighted ones
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: the arguments after ``model=micro run_root=<root>`` (``{bad}``, ``{world}``, ``{spot}`` and
+    ``{graph}`` are filled in), and the phrases the one line must hold: the thing at fault, then the fix."""
+
+    name: str
+    args: tuple[str, ...]
+    says: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def case(name: str, args: list[str], *says: str, env: dict[str, str] | None = None) -> Case:
+    return Case(name, tuple(args), says, tuple((env or {}).items()))
+
+
+CASES = [
+    # ------------------------------------------------------------------ configs
+    case("unknown stage", ["stage=trajectorys"], "'trajectorys' is not an option of stage",
+         "did you mean 'trajectories'"),
+    case("unknown model preset", ["model=dreem"], "'dreem' is not an option of model", "model=NAME takes one of"),
+    case("unknown experiment", ["experiment=nightly"], "'nightly' is not an option of experiment", "nightly_fig7"),
+    case("unknown method", ["stage=distill", "method=streaks"], "'streaks' is not an option of method", "streak"),
+    case("unknown key", ["trainer.zero_stag=2"], "unknown config key 'trainer.zero_stag'", "did you mean 'zero_stage'"),
+    case("bad choice", ["stage=distill", "trainer.zero_stage=4"], "trainer.zero_stage=4 is not valid", "0, 2, 3"),
+    case("negative temperature", [*DECODE, "decoder.temperature=-1"], "decoder.temperature=-1.0", "must be >= 0"),
+    case("unknown stage setting", ["stage=spot", "stage.stepz=3"], "unknown setting 'stepz' of stage=spot",
+         "did you mean 'steps'"),
+    case("unknown setting of a chained stage", ["stage=pipeline", "settings.sweep.pointz=1"],
+         "unknown setting 'pointz' of stage=sweep", "valid:"),
+    case("pretraining loss in distill", ["stage=distill", *DATA, "method=mdm"],
+         "method=mdm is the pretraining objective", "distill with streak"),
+    case("decode without a prompt", ["stage=decode", "decoder=vanilla"], "stage=decode needs exactly one of",
+         "prompt_ids=[1,2,3]"),
+    case("bad debug flag", [*DECODE, "debug=maybe"], "debug=maybe is not valid", "debug=true"),
+    # ------------------------------------------------------------------ checkpoints
+    case("verifier path missing", [*DECODE, "model.verifier.path={bad}/nowhere"], "no config.json in",
+         "model.<role>.path at a checkpoint folder"),
+    case("config does not match weights", [*DECODE, "model.verifier.path={bad}/shapes"],
+         "do not have the shapes its config.json implies", "take both from the same checkpoint"),
+    case("config.json not JSON", [*DECODE, "model.verifier.path={bad}/badjson"], "config.json is not valid JSON",
+         "copy it again"),
+    case("weights missing", [*DECODE, "model.verifier.path={bad}/noweights"], "no model.safetensors",
+         "fetch them again"),
+    case("weights cut short", [*DECODE, "model.verifier.path={bad}/cut"], "cannot read the weights in",
+         "copy or download it again"),
+    case("resume from nothing", ["stage=distill", *DATA, "trainer.resume_from={bad}/nowhere"],
+         "trainer.resume_from=", "give a distill run folder"),
+    # ------------------------------------------------------------------ tokenizers
+    case("tokenizer folder missing", [*DECODE, "model.verifier.tokenizer={bad}/nowhere"], "does not exist",
+         "point it at a tokenizer folder"),
+    case("tokenizer folder without a tokenizer", [*DECODE, "model.verifier.tokenizer={bad}/empty_dir"],
+         "holds no tokenizer.json", "model.verifier.tokenizer=<folder with the tokenizer>"),
+    case("tokenizer larger than the model", [*DECODE, "model.verifier.tokenizer={bad}/tok_385"],
+         "has 385 tokens but model.verifier", "embedding rows"),
+    case("drafter tokenizer differs from the trajectories'", ["stage=distill", *DATA,
+         "model.drafter.tokenizer={bad}/tok_other"], "the drafter's tokenizer is", "regenerate them"),
+    # ------------------------------------------------------------------ data files
+    case("empty prompt file", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/empty.jsonl]"],
+         "empty.jsonl has no records", "one JSON object per line"),
+    case("malformed prompt file", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/malformed.jsonl]"],
+         "malformed.jsonl:2 is not valid JSON"),
+    case("non-UTF-8 prompt file", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/latin1.jsonl]"],
+         "latin1.jsonl:1 is not UTF-8", "iconv"),
+    case("prompt file without the fields", ["stage=trajectories", *FILES,
+         "data.prompt_sources=[gsm8k@{bad}/nofields.jsonl]"], "its records have fields ['foo']",
+         "needs prompt from 'question'"),
+    case("prompt file of numbers", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/numbers.json]"],
+         "record 0 is not an object with named fields"),
+    case("prompt file missing", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/nowhere.jsonl]"],
+         "no benchmark file at", "check the path"),
+    case("prompt parquet damaged", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/cut.parquet]"],
+         "is not a readable parquet file", "copy or export it again"),
+    case("unknown prompt source", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8kk]"],
+         "unknown benchmark 'gsm8kk'", "valid names"),
+    case("source without a file after @", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@]"],
+         "names no file after '@'", "gsm8k@/path/to/file.jsonl"),
+    case("unknown evaluation benchmark", ["stage=evaluate", "stage.benchmarks=[humaneva]"],
+         "unknown benchmark 'humaneva'", "valid names"),
+    case("non-UTF-8 evaluation file", ["stage=evaluate", "stage.benchmarks=[gsm8k@{bad}/latin1.jsonl]"],
+         "latin1.jsonl:1 is not UTF-8"),
+    case("trajectory shard cut short", ["stage=distill", *DATA, "experiment.name=cut"], "corrupt",
+         "delete it and rerun stage=trajectories"),
+    case("trajectory manifest garbled", ["stage=distill", *DATA, "experiment.name=garbled"],
+         "manifest.json in", "delete the folder and rerun"),
+    case("no trajectories", ["stage=distill", *DATA, "experiment.name=empty"], "no complete trajectories",
+         "python launch.py stage=trajectories model=micro"),
+    # ------------------------------------------------------------------ artifacts
+    case("order model for another rule", ["stage=decode", "decoder=spot", "decoder.rule=threshold",
+         "decoder.artifact={spot}", "prompt_ids=[5]"], "learnt the commit order of rule 'static'",
+         "stage.rule=threshold"),
+    case("graph for another rule", ["stage=decode", "decoder=spiffy", "decoder.rule=threshold",
+         "decoder.artifact={graph}", "prompt_ids=[5]"], "calibrated for rule 'static'", "stage=spiffy"),
+    case("no order model", ["stage=decode", "decoder=spot", "experiment.name=empty", "prompt_ids=[5]"],
+         "no trained order model", "stage=spot"),
+    case("order model path wrong", ["stage=decode", "decoder=spot", "decoder.artifact={bad}/nowhere",
+         "prompt_ids=[5]"], "is not an order-model folder", "stage=spot run"),
+    case("graph file not a graph", ["stage=decode", "decoder=spiffy", "decoder.artifact={bad}/numbers.json",
+         "prompt_ids=[5]"], "is not a Spiffy graph", "recalibrate it"),
+    # ------------------------------------------------------------------ sizes
+    case("gamma past the position limit", ["stage=decode", "decoder=diffusion_draft", "decoder.gamma=100000",
+         "prompt_ids=[5]"], "beyond the verifier's max_position_embeddings", "lower decoder.max_new_tokens"),
+    case("max_new_tokens past the position limit", [*DECODE, "decoder.max_new_tokens=5000"],
+         "needs 5002 positions", "lower decoder.max_new_tokens"),
+    case("prompt id outside the vocabulary", ["stage=decode", "decoder=vanilla", "prompt_ids=[99999]"],
+         "prompt_ids has id 99999", "vocabulary has 384"),
+    # ------------------------------------------------------------------ environment
+    case("slurm without multirun", [*DECODE, "launcher=slurm"], "launcher=slurm submits jobs", "add -m"),
+    case("slurm not installed", ["-m", "launcher=slurm", *DECODE], "sbatch and srun are not on",
+         "drop launcher=slurm", env={"PATH": str(Path(sys.executable).parent)}),
+    case("run root not creatable", [*DECODE, "run_root=/proc/streakline"],
+         "run_root=/proc/streakline cannot be created", "set run_root=<a writable folder>"),
+    case("run root under a file", [*DECODE, "run_root={bad}/empty.jsonl/runs"], "empty.jsonl/runs cannot be created",
+         "set run_root=<a writable folder>"),
+    case("vllm backend without vllm", ["stage=trajectories", "data.backend=vllm"], "data.backend=vllm needs",
+         "data.backend=native"),
+]  # fmt: skip
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root`` but Hydra's logs, with a content hash for files."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "hydra" or rel.startswith("hydra/"):
+            continue
+        out[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+    return out
+
+
+def _bad_files(bad: Path, world: Path) -> None:
+    bad.mkdir()
+    (bad / "empty_dir").mkdir()
+    (bad / "empty.jsonl").write_text("")
+    (bad / "malformed.jsonl").write_text('{"question": "a", "answer": "b"}\n{not json\n')
+    (bad / "latin1.jsonl").write_bytes('{"question": "café", "answer": "b"}\n'.encode("latin-1"))
+    (bad / "nofields.jsonl").write_text('{"foo": "a"}\n')
+    (bad / "numbers.json").write_text("[1, 2]")
+    (bad / "cut.parquet").write_bytes(b"PAR1" + b"\0" * 40)
+    shutil.copytree(world / "verifier", bad / "shapes")
+    config = json.loads((bad / "shapes/config.json").read_text())
+    (bad / "shapes/config.json").write_text(json.dumps({**config, "hidden_size": config["hidden_size"] * 2}))
+    shutil.copytree(world / "verifier", bad / "badjson")
+    (bad / "badjson/config.json").write_text('{"model_type": ')
+    shutil.copytree(world / "verifier", bad / "noweights")
+    (bad / "noweights/model.safetensors").unlink()
+    shutil.copytree(world / "verifier", bad / "cut")
+    weights = (bad / "cut/model.safetensors").read_bytes()
+    (bad / "cut/model.safetensors").write_bytes(weights[: len(weights) // 2])
+    # one token more than the models have rows
+    shutil.copytree(world / "tokenizer", bad / "tok_385")
+    conf = json.loads((bad / "tok_385/tokenizer_config.json").read_text())
+    conf["additional_special_tokens"] = ["<|extra|>"]
+    (bad / "tok_385/tokenizer_config.json").write_text(json.dumps(conf))
+    # the same size, but another special-token set: another tokenizer identity
+    shutil.copytree(world / "tokenizer", bad / "tok_other")
+    conf = json.loads((bad / "tok_other/tokenizer_config.json").read_text())
+    conf["unk_token"] = "w"
+    (bad / "tok_other/tokenizer_config.json").write_text(json.dumps(conf))
+
+
+@pytest.fixture(scope="module")
+def catalogue(micro_world, tmp_path_factory):
+    """``(run root, placeholders)``: a copy of the micro world with this module's artifacts, and the bad files."""
+    base = tmp_path_factory.mktemp("bad_inputs")
+    root = base / "runs"
+    shutil.copytree(micro_world[0] / "world", root / "world")
+    common = ["model=micro", f"run_root={root}", f"experiment.name={EXPERIMENT}"]
+    run_stage(compose_config(["stage=trajectories", *common, *DATA]))
+    spot = run_stage(compose_config(["stage=spot", *common, *SPOT]))
+    spiffy = run_stage(compose_config(["stage=spiffy", *common, *SPIFFY]))
+    (trajectories,) = (root / EXPERIMENT / "trajectories").iterdir()
+    for experiment in ("cut", "garbled"):
+        shutil.copytree(trajectories, root / experiment / "trajectories" / trajectories.name)
+    shard = sorted((root / "cut/trajectories" / trajectories.name / "shards").glob("*.parquet"))[0]
+    shard.write_bytes(shard.read_bytes()[:300])
+    (root / "garbled/trajectories" / trajectories.name / "manifest.json").write_text("garbage{")
+    (world,) = (root / "world/bootstrap").iterdir()
+    _bad_files(base / "bad", world)
+    places = {"bad": str(base / "bad"), "world": str(world), "spot": str(spot.artifact), "graph": str(spiffy.artifact)}
+    return root, places
+
+
+@pytest.mark.parametrize("bad", CASES, ids=[c.name for c in CASES])
+def test_a_bad_input_gets_one_line_status_2_and_changes_nothing(catalogue, bad):
+    if bad.name == "vllm backend without vllm" and torch.cuda.is_available():
+        pytest.skip("a GPU is here, so vLLM may be too")
+    root, places = catalogue
+    args = ["model=micro", f"run_root={root}", f"experiment.name={EXPERIMENT}", *(a.format(**places) for a in bad.args)]
+    before = _tree(root)
+    env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "STREAKLINE_DEBUG")}
+    env.update(bad.env)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    # the child's own logging (DeepSpeed's accelerator notice, progress bars) is not ours; our line is the last
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("streakline:")]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr[-3000:]
+    for phrase in bad.says:
+        assert phrase in lines[0], f"{phrase!r} not in: {lines[0]}"
+    assert _tree(root) == before, "the run root changed"
+
+
+def test_debug_shows_the_traceback_of_a_user_error(catalogue):
+    root, places = catalogue
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    args = ["model=micro", f"run_root={root}", *DECODE, f"model.verifier.path={places['bad']}/shapes"]
+    plain = subprocess.run([sys.executable, "launch.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    debug = subprocess.run(
+        [sys.executable, "launch.py", *args, "debug=true"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    assert "CheckpointError" in debug.stderr and "_check_shapes" in debug.stderr
