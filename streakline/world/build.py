@@ -21,6 +21,7 @@ Recipe (sizes, steps and learning rates come from ``conf/model/<world>.yaml``):
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import shutil
 import time
@@ -59,6 +60,29 @@ def world_key(cfg: DictConfig) -> dict[str, Any]:
     return {"model": model, "corpus": corpus_fingerprint(), "recipe": RECIPE_VERSION}
 
 
+def world_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` as the world sees it: a role pointed at its own checkpoint (``path``) does not use the world's model
+    of that role, so the world keeps that role's preset values (``conf/checkpoint/<name>.yaml``) whatever the command
+    line changed of it. Changing such a role's family, mask token or block size then finds the same world instead of
+    building another (15 minutes for ``model=tiny``). A role whose preset file is not found stays as it is."""
+    from streakline.config import CONF_DIR
+    from streakline.config.schema import CheckpointConfig
+
+    reset = {}
+    for role in ROLES:
+        preset = CONF_DIR / "checkpoint" / f"{cfg.model[role].name}.yaml"
+        if cfg.model[role].path is not None and preset.is_file():
+            node = OmegaConf.merge(OmegaConf.structured(CheckpointConfig), OmegaConf.load(preset))
+            node.path, node.tokenizer = cfg.model[role].path, cfg.model[role].tokenizer
+            reset[role] = node
+    if not reset:
+        return cfg
+    out = copy.deepcopy(cfg)
+    for role, node in reset.items():
+        out.model[role] = node
+    return out
+
+
 def ensure_world(cfg: DictConfig, progress: bool = True) -> Path:
     """The folder of the world ``cfg.model`` describes: reused when intact, (re)built otherwise."""
     key = world_key(cfg)
@@ -83,7 +107,7 @@ def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
     if cfg.model.world is None:
         return cfg
     check_world(cfg)
-    folder = ensure_world(cfg, progress)
+    folder = ensure_world(world_config(cfg), progress)
     for role in ROLES:
         node = cfg.model[role]
         if node.path is None:

@@ -99,3 +99,27 @@ def test_a_role_given_a_path_keeps_it(built, tmp_path):
     attach_world(cfg, progress=False)
     assert cfg.model.drafter.path == str(tmp_path)
     assert cfg.model.verifier.path == str(result.folder / "verifier")
+
+
+def test_a_role_with_a_path_keeps_its_own_settings_and_the_world_it_was_built_with(built, tmp_path, capsys):
+    root, _, result = built
+    tokenizer = str(result.folder / "tokenizer")
+    changed = [
+        f"model.drafter.path={result.folder / 'drafter'}", "model.drafter.mask_token='<|pad|>'",
+        "model.drafter.family=llama", f"model.drafter.tokenizer={tokenizer}",
+    ]  # fmt: skip
+    cfg = compose_config(["stage=doctor", "model=micro", f"run_root={root}", *changed])
+    attach_world(cfg, progress=False)
+    # the same world, not a new build: changing what the pointed-at drafter is read as does not change the world
+    assert cfg.model.verifier.path == str(result.folder / "verifier")
+    assert "building" not in capsys.readouterr().out.lower()
+    assert len(list((root / "world" / "bootstrap").iterdir())) == 1
+    # ... while the run itself reads the drafter as the command line said, with the tokenizer it named
+    assert (cfg.model.drafter.mask_token, cfg.model.drafter.family) == ("<|pad|>", "llama")
+    assert cfg.model.drafter.tokenizer == tokenizer
+    # without a path, the same change is a different world
+    from streakline.world import world_key
+    from streakline.world.build import world_config
+
+    plain = compose_config(["stage=doctor", "model=micro", f"run_root={root}", "model.drafter.mask_token='<|pad|>'"])
+    assert world_key(world_config(plain)) != world_key(world_config(cfg))
