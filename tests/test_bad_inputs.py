@@ -138,6 +138,8 @@ CASES = [
     case("graph file not a graph", ["stage=decode", "decoder=spiffy", "decoder.artifact={bad}/numbers.json",
          "prompt_ids=[5]"], "is not a Spiffy graph", "recalibrate it"),
     # ------------------------------------------------------------------ sizes
+    case("trajectory prompts past the position limit", ["stage=trajectories", *DATA, "data.max_new_tokens=2045"],
+         "do not fit the verifier's max_position_embeddings=2048", "data.long_prompts=skip"),
     case("gamma past the position limit", ["stage=decode", "decoder=diffusion_draft", "decoder.gamma=100000",
          "prompt_ids=[5]"], "beyond the verifier's max_position_embeddings", "lower decoder.max_new_tokens"),
     case("max_new_tokens past the position limit", [*DECODE, "decoder.max_new_tokens=5000"],

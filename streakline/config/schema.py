@@ -49,6 +49,7 @@ TEACHERS = ("stored", "online")
 ZERO_STAGES = (0, 2, 3)
 PRECISIONS = ("fp32", "bf16")
 TRAJECTORY_BACKENDS = ("native", "vllm")
+LONG_PROMPTS = ("error", "skip", "truncate")  # data.long_prompts
 DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "static", "threshold", "spot", "spiffy")
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
@@ -195,6 +196,9 @@ class DataConfig:
     num_shards: int = 16
     batch_size: int = 16  # prompts per decoder batch
     backend: str = "native"  # TRAJECTORY_BACKENDS
+    # LONG_PROMPTS: a prompt that, with max_new_tokens, needs more positions than the verifier has: stop before any
+    # work (error), drop it (skip), or keep its last tokens (truncate); the manifest counts what was done
+    long_prompts: str = "error"
 
 
 @dataclass

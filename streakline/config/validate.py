@@ -23,6 +23,7 @@ from streakline.config.schema import (
     DTYPES,
     FAMILY_CHOICES,
     LAUNCHERS,
+    LONG_PROMPTS,
     LOSSES,
     PRECISIONS,
     ROLES,
@@ -243,6 +244,7 @@ def _data(cfg: DictConfig) -> None:
     _at_least(cfg, "data.samples_per_prompt", 1)
     _at_least(cfg, "data.max_prompts", 1, optional=True)
     _choice(cfg, "data.backend", TRAJECTORY_BACKENDS)
+    _choice(cfg, "data.long_prompts", LONG_PROMPTS)
     _at_least(cfg, "data.temperature", 0)
     _positive(cfg, "data.top_p")
     _between(cfg, "data.top_p", 0.0, 1.0)

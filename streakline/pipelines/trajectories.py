@@ -8,6 +8,7 @@
 Order of work (top-down):
 1. the prompt mix: ``data.prompt_sources`` (benchmarks or ``name@file``) weighted by ``data.mix_weights`` up to
    ``data.max_prompts``, each prompt ``data.samples_per_prompt`` times, encoded raw or through the chat template;
+   a prompt too long for the verifier's positions is refused, skipped or truncated (``data.long_prompts``);
 2. deterministic shards: the (prompt, sample) items cut into ``data.num_shards`` contiguous pieces, shard i sampled
    with a seed derived from ``(seed, i)``, so a shard's rows never depend on how many workers there are;
 3. the run folder ``<run_root>/<experiment>/trajectories/<hash of verifier, tokenizer, data settings, seed>/``:
@@ -97,6 +98,7 @@ class Trajectories(Stage):
             generated_shards=len(todo),
             seconds=time.perf_counter() - started,
             finish_reasons={r: reasons.count(r) for r in sorted(set(reasons))},
+            **plan.fitted,
         )
         metrics = dict(stage_run.metrics)
         return StageResult(self.name, stage_run.dir, plan.folder, metrics, details={"generated_shards": todo})
@@ -122,8 +124,8 @@ class _Plan:
     def __init__(self, cfg: DictConfig, *, stage_key: dict[str, Any], folder: Path) -> None:
         self.cfg, self.key, self.folder = cfg, stage_key, folder
         tokenizer = required_tokenizer(cfg, "verifier", "trajectories")
-        self.records = prompt_mix(cfg)
-        self.prompts = encode_prompts(cfg, tokenizer, self.records)
+        records = prompt_mix(cfg)
+        self.records, self.prompts, self.fitted = fit_positions(cfg, records, encode_prompts(cfg, tokenizer, records))
         samples = cfg.data.samples_per_prompt
         items = [(r["id"], s, p) for r, p in zip(self.records, self.prompts, strict=True) for s in range(samples)]
         n = min(cfg.data.num_shards, len(items))
@@ -178,6 +180,37 @@ def encode_prompts(cfg: DictConfig, tokenizer, records: list[dict[str, str]]) ->
             text = prompt_text(r)
         out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
+
+
+def fit_positions(cfg: DictConfig, records: list[dict], prompts: list[list[int]]) -> tuple[list, list, dict[str, int]]:
+    """``(records, prompts, counts)`` with every prompt fitting the verifier's positions together with
+    ``data.max_new_tokens``: a prompt that does not is refused (``data.long_prompts=error``, before any work),
+    dropped (``skip``) or cut to its last tokens (``truncate``: the question and the turn to answer are at the end).
+    ``counts`` says how many were skipped or truncated, for the manifest."""
+    from streakline.models import locate
+    from streakline.models.checkpoint import read_config
+
+    node = cfg.model.verifier
+    limit = int(read_config(locate(node, "verifier"), node.family).max_position_embeddings or 0)
+    room = limit - cfg.data.max_new_tokens
+    long = [i for i, p in enumerate(prompts) if limit and len(p) > room]
+    if not long:
+        return records, prompts, {}
+    mode, first = cfg.data.long_prompts, long[0]
+    if room < 1 or mode == "error":
+        raise ConfigError(
+            f"{len(long)} of {len(prompts)} prompts (first: {records[first]['id']}, {len(prompts[first])} tokens) "
+            f"do not fit the verifier's max_position_embeddings={limit} with data.max_new_tokens="
+            f"{cfg.data.max_new_tokens}; set data.long_prompts=skip (drop them) or data.long_prompts=truncate (keep "
+            f"each one's last {max(room, 0)} tokens), or lower data.max_new_tokens"
+        )
+    if mode == "skip":
+        drop = set(long)
+        kept = [i for i in range(len(prompts)) if i not in drop]
+        print(f"trajectories: skipped {len(long)} of {len(prompts)} prompts longer than {room} tokens")
+        return [records[i] for i in kept], [prompts[i] for i in kept], {"skipped_long_prompts": len(long)}
+    print(f"trajectories: kept the last {room} tokens of {len(long)} of {len(prompts)} prompts")
+    return records, [p[-room:] if len(p) > room else p for p in prompts], {"truncated_prompts": len(long)}
 
 
 def shard_seed(seed: int, shard: int) -> int:

@@ -108,3 +108,28 @@ def test_a_damaged_shard_is_reported_and_regenerated(reference, capsys):
     assert "shard 1 is corrupt" in capsys.readouterr().out
     assert again.details["generated_shards"] == [1]
     assert _rows(again) == _rows(result)
+
+
+@pytest.mark.parametrize("mode", ["error", "skip", "truncate"])
+def test_a_prompt_past_the_verifiers_positions_is_refused_skipped_or_cut_to_its_end(micro_world, mode):
+    from streakline.config import ConfigError
+    from streakline.pipelines.trajectories import fit_positions
+
+    root = micro_world[0]
+    # the micro verifier has 2048 positions: 2040 new tokens leave room for prompts of 8
+    cfg = compose_config(["stage=trajectories", "model=micro", f"run_root={root}", "data.max_new_tokens=2040",
+                          f"data.long_prompts={mode}"])  # fmt: skip
+    attach_world(cfg, progress=False)
+    records = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+    prompts = [list(range(3, 8)), list(range(3, 15)), list(range(3, 11))]  # 5, 12 and 8 tokens
+    if mode == "error":
+        with pytest.raises(ConfigError, match=r"1 of 3 prompts \(first: b, 12 tokens\).*data.long_prompts=skip"):
+            fit_positions(cfg, records, prompts)
+        return
+    kept, fitted, counts = fit_positions(cfg, records, prompts)
+    if mode == "skip":
+        assert [r["id"] for r in kept] == ["a", "c"] and fitted == [prompts[0], prompts[2]]
+        assert counts == {"skipped_long_prompts": 1}
+    else:
+        assert kept == records and fitted == [prompts[0], list(range(7, 15)), prompts[2]]
+        assert counts == {"truncated_prompts": 1}

@@ -42,7 +42,14 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     """What the trajectories depend on, and nothing else (the decoder or trainer settings do not move the folder)."""
     node = cfg.model.verifier
     data = OmegaConf.to_container(cfg.data, resolve=True)
+    for key, default in LATER_DATA_DEFAULTS.items():  # at their default, later fields leave older runs' folders be
+        if data.get(key) == default:
+            data.pop(key)
     return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+
+
+# ``data`` fields added after trajectories existed, with the default that reproduces what runs did before them.
+LATER_DATA_DEFAULTS = {"long_prompts": "error"}
 
 
 def trajectories_dir(cfg: DictConfig) -> Path:
