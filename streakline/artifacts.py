@@ -355,6 +355,7 @@ def remove_tree(path: str | os.PathLike) -> None:
     path = Path(path)
     doomed = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     path.rename(doomed)
+    kill_point(f"remove:{path.name}")  # the kill harness: renamed away, not yet deleted
     shutil.rmtree(doomed)
 
 

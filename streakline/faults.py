@@ -5,7 +5,9 @@ would kill it, with no chance to clean up (SIGKILL), so the test can check that 
 
 ``kill_point(name)`` does nothing unless ``STREAKLINE_KILL_AT`` names that point. The points: ``distill:checkpointed:
 <tag>`` (DeepSpeed state saved, not yet exported), ``distill:exported:<tag>`` (exported, not yet marked), and
-``atomic:<file name>`` (an atomic write's temp file complete, not yet renamed; e.g. ``atomic:manifest.json``).
+``atomic:<file name>`` (an atomic write's temp file complete, not yet renamed; e.g. ``atomic:manifest.json``), and
+``remove:<folder name>`` (a folder ``artifacts.remove_tree`` deletes, renamed away but not yet deleted; e.g. an old
+checkpoint ``trainer.keep_last`` prunes).
 Tests: ``python -m pytest tests/pipelines/test_kill_harness.py``.
 """
 

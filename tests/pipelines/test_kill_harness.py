@@ -26,8 +26,8 @@ from streakline.pipelines import run_stage
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ["data.max_prompts=12", "data.samples_per_prompt=1", "data.max_new_tokens=16", "data.num_shards=2",
         "data.batch_size=6", "data.prompt_sources=[tiny-math-train]", "data.mix_weights=[]"]  # fmt: skip
-TRAIN = ["method=ce_streak", "trainer.max_steps=6", "trainer.save_every=3", "trainer.eval_every=6",
-         "trainer.log_every=1", "trainer.eval_prompts=2", "trainer.micro_batch_size=2",
+TRAIN = ["method=ce_streak", "trainer.max_steps=6", "trainer.save_every=3", "trainer.keep_last=1",
+         "trainer.eval_every=6", "trainer.log_every=1", "trainer.eval_prompts=2", "trainer.micro_batch_size=2",
          "trainer.windows_per_seq=4"]  # fmt: skip
 SPOT = ["stage.prompt_sources=[tiny-math-train]", "stage.prompts=6", "stage.max_new_tokens=16", "stage.num_shards=2",
         "stage.batch_size=3", "stage.top_k=8", "stage.horizon=3", "stage.d_model=32", "stage.layers=1",
@@ -52,7 +52,7 @@ def _killed_at(point: str, overrides: list[str]) -> subprocess.CompletedProcess:
 
 
 def _temp_files(folder: Path) -> list[Path]:
-    return [p for p in folder.rglob(".*.tmp") if p.is_file()]
+    return list(folder.rglob(".*.tmp"))  # an atomic write's file, or a folder remove_tree renamed away
 
 
 def _losses(folder: Path) -> dict[int, float]:
@@ -67,7 +67,7 @@ def root(micro_world):
     return micro_world[0]
 
 
-def test_distill_killed_four_times_finishes_like_an_uninterrupted_run(root):
+def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root):
     for experiment in ("kill-ref", "kill-distill"):
         run_stage(compose_config(_overrides(root, experiment, "trajectories")))
     reference = run_stage(compose_config(_overrides(root, "kill-ref", "distill", *TRAIN)))
@@ -76,6 +76,7 @@ def test_distill_killed_four_times_finishes_like_an_uninterrupted_run(root):
         "distill:checkpointed:step-000003",  # mid training: resumes from step 3
         "distill:checkpointed:step-000006",  # last checkpoint saved, never exported
         "distill:exported:step-000006",  # exported, not recorded as exported
+        "remove:step-000003",  # the older checkpoint (keep_last=1) renamed away, not yet deleted
         "atomic:manifest.json",  # everything done but the manifest, killed mid-write
     ):
         _killed_at(point, args)
@@ -87,6 +88,8 @@ def test_distill_killed_four_times_finishes_like_an_uninterrupted_run(root):
     ref, got = load_pretrained(reference.artifact).state_dict(), load_pretrained(done.artifact).state_dict()
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000003", "step-000006"]
+    # keep_last=1: one DeepSpeed checkpoint left, and nothing of the one whose deletion was cut short
+    assert sorted(p.name for p in (run / "deepspeed").iterdir() if p.is_dir()) == ["step-000006"]
     # every step logged once, with the uninterrupted run's losses; the final metrics recovered from the log
     assert _losses(run) == _losses(reference.folder) and sorted(_losses(run)) == list(range(1, 7))
     for key, value in read_manifest(reference.folder).metrics.items():
