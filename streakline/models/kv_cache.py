@@ -18,6 +18,41 @@ from __future__ import annotations
 
 import torch
 
+from streakline.errors import UserError
+
+GIB = 2**30
+
+
+class MemoryLimitError(UserError, MemoryError):
+    """A request whose memory alone exceeds what the device has free: refused with the sizes before the allocator
+    fails mid-run (on a GPU) or the machine starts swapping (on a CPU)."""
+
+
+def free_bytes(device: torch.device | str) -> int | None:
+    """Memory free for new tensors on ``device``: the GPU's free memory, or the host's ``MemAvailable`` on Linux;
+    None where it cannot be read (no check is made then)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def check_room(nbytes: int, device: torch.device | str, what: str, fix: str) -> None:
+    """Raise MemoryLimitError when ``nbytes`` (for ``what``) exceed the free memory of ``device``."""
+    free = free_bytes(device)
+    if free is not None and nbytes > free:
+        raise MemoryLimitError(
+            f"{what} needs {nbytes / GIB:,.1f} GiB but {free / GIB:,.1f} GiB are free on {torch.device(device)}; {fix}"
+        )
+
 
 class KVCache:
     def __init__(
@@ -44,6 +79,11 @@ class KVCache:
     def for_model(cls, model, batch_size: int, capacity: int = 256) -> KVCache:
         cfg = model.config
         p = next(model.parameters())
+        nbytes = 2 * cfg.num_layers * batch_size * cfg.num_kv_heads * capacity * cfg.head_dim * p.element_size()
+        check_room(
+            nbytes, p.device, f"a KV cache of {batch_size} rows x {capacity} positions",
+            "lower decoder.batch_size (rows decoded together) or decoder.max_new_tokens",
+        )  # fmt: skip
         return cls(cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, capacity, p.dtype, p.device)
 
     @property

@@ -109,3 +109,18 @@ def test_keep_rows_drops_finished_rows_and_the_rest_decode_on():
         want = model(torch.cat([prompts[[2, 0]], nxt], 1))[:, -1]
     assert cache.batch_size == 2
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cache_larger_than_free_memory_is_refused_with_its_size_before_allocating():
+    from streakline.models.kv_cache import MemoryLimitError, free_bytes
+
+    model = Transformer(tiny_config("qwen2"))
+    free = free_bytes("cpu")
+    if free is None:
+        pytest.skip("this platform does not report free memory")
+    c = model.config
+    per_position = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # k and v, float32
+    rows = 2 * free // (per_position * 1024)  # twice what fits at 1024 positions: free memory moves, not that much
+    with pytest.raises(MemoryLimitError, match=rf"KV cache of {rows} rows x 1024 positions needs .* GiB are free"):
+        KVCache.for_model(model, rows, capacity=1024)
+    assert KVCache.for_model(model, 2, capacity=1024).capacity == 1024  # a cache that fits is made as before
