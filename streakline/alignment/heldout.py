@@ -17,24 +17,28 @@ import torch
 class HeldoutEvaluator:
     """Held-out checks on rank 0: simulated streak against verifier continuations, and the real decoder's streak."""
 
-    def __init__(self, verifier, tokenizer, sources, prompts_per_source: int, gamma: int, mask_id: int) -> None:
-        """``sources``: benchmark names (or ``name@file``) whose first ``prompts_per_source`` prompts are held out;
-        the verifier continues each greedily for ``4 * gamma`` tokens once, here."""
-        from streakline.data import load_benchmark
-        from streakline.data.benchmarks import BenchmarkError, parse_source, prompt_text
+    def __init__(
+        self, verifier, tokenizer, sources, prompts_per_source: int, gamma: int, mask_id: int, *, chat_template: bool
+    ) -> None:
+        """``sources``: prompt sources (``data.sources``) whose first ``prompts_per_source`` prompts are held out,
+        rendered as ``stage=evaluate`` renders them (``chat_template``); the verifier continues each greedily for
+        ``4 * gamma`` tokens once, here."""
+        from streakline.data.benchmarks import BenchmarkError
+        from streakline.data.sources import load_source, prompt_for, source_label
         from streakline.decoding.vanilla import greedy_generate
 
         self.verifier, self.gamma, self.mask_id = verifier, gamma, mask_id
         self.pairs: dict[str, list[tuple[list[int], list[int]]]] = {}
         eos = tokenizer.eos_token_id
         for source in sources:
-            name, path = parse_source(source)
+            name = source_label(source)
             try:
-                records = load_benchmark(name, path=path, limit=prompts_per_source)
+                records = load_source(source, limit=prompts_per_source)
             except BenchmarkError as e:
                 print(f"distill: no held-out evaluation on {name}: {e}")
                 continue
-            prompts = [tokenizer(prompt_text(r), add_special_tokens=False)["input_ids"] for r in records]
+            texts = [prompt_for(r, tokenizer, chat_template) for r in records]
+            prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
             completions = greedy_generate(verifier, prompts, 4 * gamma, eos_token_id=eos)
             self.pairs[name] = list(zip(prompts, completions, strict=True))
 

@@ -183,7 +183,13 @@ class MethodConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING
-    prompt_sources: list[str] = field(default_factory=list)  # benchmark names, or name@/local/file.jsonl
+    # data.sources: benchmark names (name@/local/file.jsonl), conversation presets, conversations@<file or hub id>
+    prompt_sources: list[str] = field(default_factory=list)
+    # conversations@ column names: {prompt: instruction, response: output} or {messages: dialog, role: speaker, ...}
+    fields: dict[str, str] = field(default_factory=dict)
+    # True: sample trajectories for prompts that an evaluation set (stage=evaluate, distill's held-out check) also
+    # holds; False refuses before any work, since training on them inflates every number measured there
+    allow_eval_overlap: bool = False
     mix_weights: list[float] = field(default_factory=list)  # empty: uniform over prompt_sources
     samples_per_prompt: int = 1
     max_prompts: int | None = None

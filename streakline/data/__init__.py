@@ -1,6 +1,7 @@
-"""The data layer: tiny-world corpora, benchmark loaders and the tiny-world tokenizer.
+"""The data layer: tiny-world corpora, benchmark loaders, conversation sets, prompt sources and the tiny-world
+tokenizer.
 
-    from streakline.data import code_texts, math_texts, load_benchmark, train_tokenizer, tiny_training_texts
+    from streakline.data import code_texts, math_texts, load_benchmark, load_source, train_tokenizer
 
 Ground level: imports no model code and no other streakline layer; datasets/transformers load only when used.
 """
@@ -8,6 +9,7 @@ Ground level: imports no model code and no other streakline layer; datasets/tran
 from .benchmarks import BenchmarkError, benchmark_names, load_benchmark
 from .corpora.code import code_dataset, code_texts, corpus_fingerprint
 from .corpora.math import math_dataset, math_texts, problem
+from .sources import load_source, prompt_for
 from .tokenizer import tiny_training_texts, train_tokenizer
 
 __all__ = [
@@ -17,9 +19,11 @@ __all__ = [
     "code_texts",
     "corpus_fingerprint",
     "load_benchmark",
+    "load_source",
     "math_dataset",
     "math_texts",
     "problem",
+    "prompt_for",
     "tiny_training_texts",
     "train_tokenizer",
 ]

@@ -273,4 +273,6 @@ def _evaluator(cfg: DictConfig, tokenizer, gamma: int, mask_id: int, device, ver
         return None
     if verifier is None:
         verifier = build(cfg.model.verifier, "verifier", device=device).eval()
-    return HeldoutEvaluator(verifier, tokenizer, list(t.eval_sources), t.eval_prompts, gamma, mask_id)
+    return HeldoutEvaluator(
+        verifier, tokenizer, list(t.eval_sources), t.eval_prompts, gamma, mask_id, chat_template=cfg.data.chat_template
+    )

@@ -5,8 +5,8 @@
 
 Recipe (``Spiffy.run``, top-down; the runner has attached the world, checked ``stage.*`` and found no complete run
 with the same key: target preset, tokenizer, ``stage.*``, recipe version):
-1. the target and its tokenizer; prompts: ``stage.prompts`` split evenly over ``stage.prompt_sources``, as raw
-   text (``prompt_text``) encoded exactly as ``stage=decode`` and ``stage=evaluate`` encode the prompts they decode;
+1. the target and its tokenizer; prompts: ``stage.prompts`` split evenly over ``stage.prompt_sources``, rendered
+   exactly as ``stage=evaluate`` renders the prompts it decodes (``data.sources.prompt_for``, ``data.chat_template``);
 2. traces: the draft-free decoder (``stage.rule``, ``stage.temperature`` with coupled noise keyed by
    ``stage.seed``, ``stage.max_new_tokens``), top-``stage.top_k`` stale tokens per position, with a progress bar;
 3. calibration (``alignment.spiffy.calibrate``: realised (i, j)-sets up to ``stage.horizon`` steps ahead, greedy
@@ -54,7 +54,8 @@ class Spiffy(Stage):
         s = cfg.stage
         tokenizer = required_tokenizer(cfg, "target", self.name)
         target = block_target(cfg, self.name, device())
-        prompts = encode_records(tokenizer, source_records(s.prompt_sources, s.prompts, self.name))
+        records = source_records(s.prompt_sources, s.prompts, self.name)
+        prompts = encode_records(tokenizer, records, cfg.data.chat_template)
         decode = block_decode_config(s, eos_token_id=tokenizer.eos_token_id)
 
         started = time.perf_counter()

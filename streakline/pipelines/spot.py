@@ -5,8 +5,8 @@
 
 Recipe (``Spot.run``, top-down; the runner has attached the world, checked ``stage.*`` and found no complete run
 with the same key: target preset, tokenizer, ``stage.*``):
-1. the target and its tokenizer; prompts: ``stage.prompts`` split evenly over ``stage.prompt_sources``, raw text
-   (``prompt_text``, as stage=decode and stage=evaluate encode what they decode);
+1. the target and its tokenizer; prompts: ``stage.prompts`` split evenly over ``stage.prompt_sources``, rendered
+   as stage=evaluate renders what it decodes (``data.sources.prompt_for`` with ``data.chat_template``);
 2. traces: the draft-free decoder (``stage.rule``, ``stage.temperature`` with coupled noise keyed by ``stage.seed``,
    ``stage.max_new_tokens``) over ``stage.num_shards`` contiguous prompt slices, each written atomically to
    ``shards/shard-XXXXX-of-YYYYY.parquet``; shards already there and readable are kept (a killed run resumes);
@@ -67,7 +67,8 @@ class Spot(Stage):
         L = target.config.block_size
         if L > s.max_block:
             raise ConfigError(f"the target's block size {L} exceeds stage.max_block={s.max_block}; raise it")
-        prompts = encode_records(tokenizer, source_records(s.prompt_sources, s.prompts, self.name))
+        records = source_records(s.prompt_sources, s.prompts, self.name)
+        prompts = encode_records(tokenizer, records, cfg.data.chat_template)
 
         folder = stage_run.add_output("shards")
         folder.mkdir(parents=True, exist_ok=True)

@@ -38,8 +38,8 @@ from tqdm import tqdm
 
 from streakline.artifacts import StageRun, config_hash
 from streakline.config import ConfigError
-from streakline.data import load_benchmark
-from streakline.data.benchmarks import parse_source, prompt_text
+from streakline.data.benchmarks import parse_source
+from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (
     ShardMeta,
     check_shard,
@@ -125,6 +125,7 @@ class _Plan:
         self.cfg, self.key, self.folder = cfg, stage_key, folder
         tokenizer = required_tokenizer(cfg, "verifier", "trajectories")
         records = prompt_mix(cfg)
+        check_overlap(cfg, records)
         self.records, self.prompts, self.fitted = fit_positions(cfg, records, encode_prompts(cfg, tokenizer, records))
         samples = cfg.data.samples_per_prompt
         items = [(r["id"], s, p) for r, p in zip(self.records, self.prompts, strict=True) for s in range(samples)]
@@ -148,7 +149,9 @@ class _Plan:
 
 def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
     """Records from every source, ``max_prompts`` split by ``mix_weights`` (largest remainders), in source order."""
-    sources = [parse_source(s) for s in cfg.data.prompt_sources]
+    sources = list(cfg.data.prompt_sources)
+    for source in sources:
+        parse_source(source)  # a malformed entry fails before any source is read
     weights = list(cfg.data.mix_weights) or [1.0] * len(sources)
     limits: list[int | None] = [None] * len(sources)
     if cfg.data.max_prompts is not None:
@@ -158,28 +161,59 @@ def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
         for i in sorted(range(len(shares)), key=lambda i: shares[i] - limits[i], reverse=True)[: total - sum(limits)]:
             limits[i] += 1
     records = []
-    for (name, path), limit in zip(sources, limits, strict=True):
-        got = load_benchmark(name, path=path, limit=limit)
+    for source, limit in zip(sources, limits, strict=True):
+        got = load_source(source, limit=limit, fields=cfg.data.fields)
         if limit is not None and len(got) < limit:
-            print(f"trajectories: {name} has only {len(got)} prompts of the {limit} its weight asks for")
+            have = f"{len(got)} prompts of the {limit} its weight asks for"
+            print(f"trajectories: {source_label(source)} has only {have}")
         records.extend(got)
     if not records:
         raise ConfigError("the prompt sources gave no prompts; check data.prompt_sources")
     return records
 
 
-def encode_prompts(cfg: DictConfig, tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
-    use_template = cfg.data.chat_template and getattr(tokenizer, "chat_template", None)
-    out = []
-    for r in records:
-        if use_template:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = prompt_text(r)
-        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+def evaluation_sources(cfg: DictConfig) -> dict[str, int]:
+    """``{source: prompts read}`` of every evaluation set the drafter trained on these trajectories is measured
+    on: ``stage=evaluate``'s benchmarks (its settings as this config gives them) and distill's held-out sources."""
+    from streakline.config.validate import stage_settings_node
+
+    evaluate = stage_settings_node("evaluate", cfg.get("settings", {}).get("evaluate", {}))
+    out = dict.fromkeys(evaluate.benchmarks, evaluate.prompts)
+    for source in cfg.trainer.eval_sources:
+        out[source] = max(out.get(source, 0), cfg.trainer.eval_prompts)
     return out
+
+
+def check_overlap(cfg: DictConfig, records: list[dict]) -> None:
+    """Refuse (before any sampling) a prompt mix that holds prompts of an evaluation set, by exact prompt hash,
+    unless ``data.allow_eval_overlap``: a drafter trained on them would be measured on its training data."""
+    from streakline.data.benchmarks import BenchmarkError
+    from streakline.data.conversations import overlap
+
+    if cfg.data.allow_eval_overlap:
+        return
+    for source, n in evaluation_sources(cfg).items():
+        try:
+            evaluation = load_source(source, limit=n)
+        except BenchmarkError as e:  # stage=evaluate will say so; nothing to compare here
+            print(f"trajectories: cannot check for overlap with evaluation set {source} here ({e})")
+            continue
+        shared = overlap(records, evaluation)
+        if shared:
+            raise ConfigError(
+                f"{len(shared)} training prompts (first: {shared[0]}) are also prompts of the evaluation set "
+                f"{source}: a drafter trained on them would be measured on its own training data; drop that source "
+                "from data.prompt_sources, or set data.allow_eval_overlap=true to train on it anyway"
+            )
+
+
+def encode_prompts(cfg: DictConfig, tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
+    """Token ids of each record as ``data.sources.prompt_for`` renders it (the chat template when
+    ``data.chat_template`` is on), the rendering evaluate and distill's held-out check use too."""
+    return [
+        tokenizer(prompt_for(r, tokenizer, cfg.data.chat_template), add_special_tokens=False)["input_ids"]
+        for r in records
+    ]
 
 
 def fit_positions(cfg: DictConfig, records: list[dict], prompts: list[list[int]]) -> tuple[list, list, dict[str, int]]:

@@ -103,8 +103,8 @@ def test_a_benchmark_from_a_local_file_and_a_bad_one(micro_world, tmp_path):
     rows = [{"question": f"Sam has {i} apples. How many?", "answer": f"{i}"} for i in range(3)]
     (tmp_path / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = role_tokenizer(attach_world(_cfg(micro_world[0]), progress=False), "verifier")
-    got = benchmark_prompts(tok, [f"gsm8k@{tmp_path / 'gsm8k.jsonl'}", "tiny-math"], 2)
+    got = benchmark_prompts(tok, [f"gsm8k@{tmp_path / 'gsm8k.jsonl'}", "tiny-math"], 2, chat_template=False)
     assert list(got) == ["gsm8k", "tiny-math"] and len(got["gsm8k"]) == 2
     assert tok.decode(got["gsm8k"][1]).startswith("Sam has 1 apples. How many?")
-    with pytest.raises(ConfigError, match="benchmark 'mmlu': unknown benchmark 'mmlu'"):
-        benchmark_prompts(tok, ["mmlu"], 2)
+    with pytest.raises(ConfigError, match="benchmark 'mmlu': unknown prompt source 'mmlu'"):
+        benchmark_prompts(tok, ["mmlu"], 2, chat_template=False)

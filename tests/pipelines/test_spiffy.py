@@ -82,7 +82,7 @@ def test_rerun_is_cached_and_locate_finds_the_graph(first, tmp_path):
     assert drafter.graph.size == 3 and drafter.prune == 2
     target = build(cfg.model.target, "target").eval()
     records = source_records(cfg.stage.prompt_sources, cfg.stage.prompts, "spiffy")
-    ids, mask = left_pad(encode_records(role_tokenizer(cfg, "target"), records))
+    ids, mask = left_pad(encode_records(role_tokenizer(cfg, "target"), records, chat_template=False))
     decode = BlockDecodeConfig(rule="static", max_new_tokens=16)
     plain = decode_blocks(target, ids, mask, decode)
     spec = decode_blocks(target, ids, mask, decode, drafter=drafter)

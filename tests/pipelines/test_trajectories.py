@@ -133,3 +133,29 @@ def test_a_prompt_past_the_verifiers_positions_is_refused_skipped_or_cut_to_its_
     else:
         assert kept == records and fitted == [prompts[0], list(range(7, 15)), prompts[2]]
         assert counts == {"truncated_prompts": 1}
+
+
+def test_conversations_are_sampled_with_every_turn_and_an_evaluation_prompt_is_refused(micro_world, tmp_path):
+    from streakline.config import ConfigError
+    from streakline.data import load_benchmark
+    from streakline.pipelines.common.roles import role_tokenizer
+
+    root = micro_world[0]
+    turns = [("Sam has 3 apples.", "He eats one."), ("How many are left?", None)]
+    chat = [{"role": r, "content": c} for q, a in turns for r, c in (("user", q), ("assistant", a)) if c]
+    held_out = load_benchmark("tiny-math", limit=1)[0]["prompt"]  # a prompt stage=evaluate measures on
+    rows = [{"messages": chat}, {"messages": [{"role": "user", "content": "def add(a, b):"}]}]
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "leak.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": held_out}]}) + "\n")
+    common = ["data.mix_weights=[]", "data.chat_template=true", "data.topk_logprobs=0"]
+    result = _run(root, "chats", f"data.prompt_sources=[conversations@{tmp_path / 'chats.jsonl'}]", *common)
+    tok = role_tokenizer(attach_world(compose_config(_overrides(root, "chats")), progress=False), "verifier")
+    assert tok.chat_template  # the micro tokenizer has one, so both turns of the first chat go through it
+    expected = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False)["input_ids"]  # fmt: skip
+    assert _rows(result)[0]["prompt_ids"] == expected and len(_rows(result)) == 2 * 2  # 2 prompts x 2 samples
+    leak = [f"data.prompt_sources=[conversations@{tmp_path / 'leak.jsonl'}]", *common]
+    with pytest.raises(ConfigError, match="1 training prompts .* evaluation set tiny-math.*allow_eval_overlap=true"):
+        _run(root, "leak", *leak)
+    assert not (root / "leak").exists()  # refused before any folder was made
+    assert len(_rows(_run(root, "leak", *leak, "data.allow_eval_overlap=true"))) == 2

@@ -45,11 +45,12 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     for key, default in LATER_DATA_DEFAULTS.items():  # at their default, later fields leave older runs' folders be
         if data.get(key) == default:
             data.pop(key)
+    data.pop("allow_eval_overlap", None)  # a permission: the rows do not depend on it
     return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
 
 
 # ``data`` fields added after trajectories existed, with the default that reproduces what runs did before them.
-LATER_DATA_DEFAULTS = {"long_prompts": "error"}
+LATER_DATA_DEFAULTS = {"long_prompts": "error", "fields": {}}
 
 
 def trajectories_dir(cfg: DictConfig) -> Path:
@@ -90,7 +91,7 @@ def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
         "target": OmegaConf.to_container(cfg.model.target, resolve=True),
         "tokenizer": tokenizer_hash(tokenizer),
         "spot": _trace_settings(cfg),
-        "prompt_format": "prompt_text",  # raw text, as decode / evaluate encode prompts (was the chat template)
+        "prompt_format": _prompt_format(cfg, tokenizer),
     }
 
 
@@ -99,12 +100,22 @@ def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     the recipe."""
     from streakline.models.tokenizer import tokenizer_hash
 
-    return {
+    key = {
         "target": OmegaConf.to_container(cfg.model.target, resolve=True),
         "tokenizer": tokenizer_hash(tokenizer),
         "spiffy": _trace_settings(cfg),
         "recipe": SPIFFY_RECIPE,
     }
+    if _prompt_format(cfg, tokenizer) != "prompt_text":  # graphs from before the choice existed keep their folders
+        key["prompt_format"] = _prompt_format(cfg, tokenizer)
+    return key
+
+
+def _prompt_format(cfg: DictConfig, tokenizer) -> str:
+    """How the trace collectors render prompts (``common.prompts``): through the chat template, or as raw text."""
+    from .prompts import template_applied
+
+    return "chat_template" if template_applied(tokenizer, cfg.data.chat_template) else "prompt_text"
 
 
 def locate_order_model(cfg: DictConfig) -> Path:

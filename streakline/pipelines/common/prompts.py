@@ -1,9 +1,10 @@
-"""Prompts as the stages encode them: raw text (``prompt_text``, no chat template) for everything that is decoded
-by ``stage=decode``, ``stage=evaluate`` and the trace collectors, so traces see prompts the way the decodes they
-serve do. (``stage=trajectories`` may apply the chat template; see its module.)
+"""Prompts as the stages encode them: every prompt set is read by ``data.sources.load_source`` and rendered by
+``data.sources.prompt_for`` with ``data.chat_template``, as ``stage=trajectories`` renders the prompts it samples, so
+``stage=evaluate``, ``stage=sweep`` and the trace collectors see prompts the way the training data did. (The tiny
+world sets ``data.chat_template=false``: raw text. ``stage=decode`` encodes its one prompt as typed.)
 
     records = source_records(["tiny-math-train", "tiny-code-train"], 64, "spot")
-    ids = encode_records(tokenizer, records)
+    ids = encode_records(tokenizer, records, chat_template=False)
 """
 
 from __future__ import annotations
@@ -25,44 +26,49 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def source_records(sources, n: int, who: str) -> list[dict[str, str]]:
-    """``n`` benchmark records split evenly over ``sources`` (``name`` or ``name@/file``; the first sources take the
+    """``n`` records split evenly over ``sources`` (any ``data.sources`` source; the first sources take the
     remainder), for the stages that decode prompt sets (spot, spiffy)."""
-    from streakline.data import load_benchmark
-    from streakline.data.benchmarks import parse_source
+    from streakline.data.sources import load_source, source_label
 
-    parsed = [parse_source(s) for s in sources]
+    sources = list(sources)
     records = []
-    for i, (name, path) in enumerate(parsed):
-        limit = n // len(parsed) + (1 if i < n % len(parsed) else 0)
+    for i, source in enumerate(sources):
+        limit = n // len(sources) + (1 if i < n % len(sources) else 0)
         if limit == 0:
             continue
-        got = load_benchmark(name, path=path, limit=limit)
+        got = load_source(source, limit=limit)
         if len(got) < limit:
-            print(f"{who}: {name} has only {len(got)} prompts of the {limit} asked for")
+            print(f"{who}: {source_label(source)} has only {len(got)} prompts of the {limit} asked for")
         records.extend(got)
     if len(records) < 2:
         raise ConfigError(f"stage.prompt_sources of stage={who} gave {len(records)} prompts; at least 2 are needed")
     return records
 
 
-def encode_records(tokenizer, records: list[dict[str, str]]) -> list[list[int]]:
-    """Token ids of each record's raw prompt text (``prompt_text``)."""
-    from streakline.data.benchmarks import prompt_text
+def encode_records(tokenizer, records: list[dict[str, str]], chat_template: bool) -> list[list[int]]:
+    """Token ids of each record as ``data.sources.prompt_for`` renders it."""
+    from streakline.data.sources import prompt_for
 
-    return [encode(tokenizer, prompt_text(r)) for r in records]
+    return [encode(tokenizer, prompt_for(r, tokenizer, chat_template)) for r in records]
 
 
-def benchmark_prompts(tokenizer, benchmarks, limit: int) -> dict[str, list[list[int]]]:
-    """``{benchmark: token ids of its first ``limit`` prompts}`` (raw prompt text), as ``stage=evaluate`` and
-    ``stage=sweep`` decode them. A benchmark is a name or ``name@/local/file.jsonl``, as in ``data.prompt_sources``
-    (rows are labelled by the name); one that cannot be loaded is a ConfigError naming it and the fix."""
-    from streakline.data.benchmarks import BenchmarkError, load_benchmark, parse_source
+def template_applied(tokenizer, chat_template: bool) -> bool:
+    """Whether ``prompt_for`` renders through the chat template for this tokenizer (a run key records it)."""
+    return bool(chat_template and getattr(tokenizer, "chat_template", None))
+
+
+def benchmark_prompts(tokenizer, benchmarks, limit: int, chat_template: bool) -> dict[str, list[list[int]]]:
+    """``{benchmark: token ids of its first ``limit`` prompts}``, as ``stage=evaluate`` and ``stage=sweep`` decode
+    them. A benchmark is any source ``data.prompt_sources`` takes (``name``, ``name@/local/file.jsonl``,
+    ``conversations@...``; rows are labelled by ``source_label``); one that cannot be loaded is a ConfigError naming
+    it and the fix."""
+    from streakline.data.benchmarks import BenchmarkError
+    from streakline.data.sources import load_source, source_label
 
     out = {}
     for source in benchmarks:
         try:
-            name, path = parse_source(source)
-            out[name] = encode_records(tokenizer, load_benchmark(name, path=path, limit=limit))
+            out[source_label(source)] = encode_records(tokenizer, load_source(source, limit=limit), chat_template)
         except BenchmarkError as e:
             raise ConfigError(f"benchmark {source!r}: {e}") from e
     return out
@@ -80,6 +86,6 @@ def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]
     for fam, role in (("speculative", "verifier"), ("block", "target")):
         if fam in families:
             tok = required_tokenizer(cfg, role, "evaluate")
-            prompts[fam] = benchmark_prompts(tok, cfg.stage.benchmarks, cfg.stage.prompts)
+            prompts[fam] = benchmark_prompts(tok, cfg.stage.benchmarks, cfg.stage.prompts, cfg.data.chat_template)
             eos[role] = tok.eos_token_id
     return prompts, eos
