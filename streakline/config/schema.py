@@ -92,6 +92,9 @@ class CheckpointConfig:
     gamma: int = MISSING  # default draft window for this checkpoint
     block_size: int | None = None  # required when attention == block_causal
     dtype: str = MISSING  # DTYPES
+    # None: one device; "auto" (every GPU) or a list ([0, 1], [cuda:0, cuda:1]): layers split across them
+    # (models/placement.py), for a model larger than one GPU. Where it runs, not what it is: no run key holds it.
+    devices: Any = None
     arch: ArchConfig | None = None
 
 

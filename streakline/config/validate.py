@@ -10,10 +10,11 @@ runs; tests call them on every composed preset (``pytest tests/config``).
 """
 
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from streakline.config.schema import (
     ACCEPTANCE_RULES,
@@ -85,6 +86,21 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _devices(devices: Any, key: str) -> None:
+    """``None``, ``auto``, or a non-empty list of GPU indices and device names (``cpu``, ``cuda``, ``cuda:1``)."""
+    if devices is None or devices == "auto":
+        return
+    items = list(devices) if isinstance(devices, (list, tuple, ListConfig)) else None
+    bad = [
+        d for d in items or [] if not (isinstance(d, int) and d >= 0) and not re.fullmatch(r"cpu|cuda(:\d+)?", str(d))
+    ]
+    if not items or bad:
+        raise ConfigError(
+            f"{key}={devices} is not valid; use {key}=auto (every GPU), a list such as {key}=[0,1] or "
+            f"[cuda:0,cuda:1], or null (one device)" + (f"; {bad[0]!r} names no device" if bad else "")
+        )
+
+
 def _no_missing(node: DictConfig, prefix: str) -> None:
     # Checked first so that later checks can read any field without tripping MissingMandatoryValue.
     for key in node:
@@ -134,6 +150,7 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
     _choice(cfg, f"{key}.attention", ATTENTION_MODES, context=preset)
     _choice(cfg, f"{key}.dtype", DTYPES, context=preset)
     _at_least(cfg, f"{key}.gamma", 1)
+    _devices(node.devices, f"{key}.devices")
     _at_least(cfg, f"{key}.block_size", 1, optional=True)
     if node.attention == "block_causal" and node.block_size is None:
         raise ConfigError(f"{key}.block_size is null but {key}.attention is block_causal{preset}; set {key}.block_size")

@@ -107,12 +107,23 @@ class VllmBackend:
 
     name = "vllm"
 
-    def __init__(self, checkpoint: str, settings: SampleSettings, tokenizer=None) -> None:
+    def __init__(
+        self,
+        checkpoint: str,
+        settings: SampleSettings,
+        tokenizer=None,
+        *,
+        tokenizer_folder: str | None = None,
+        tensor_parallel_size: int = 1,
+    ) -> None:
         check_backend(self.name)
         import vllm
 
         self.vllm, self.settings = vllm, settings
-        self.llm = vllm.LLM(model=checkpoint, tokenizer=checkpoint, seed=0, enable_prefix_caching=True)
+        self.llm = vllm.LLM(
+            model=checkpoint, tokenizer=tokenizer_folder or checkpoint, seed=0, enable_prefix_caching=True,
+            tensor_parallel_size=tensor_parallel_size,
+        )  # fmt: skip
 
     def sample(self, prompts: list[list[int]], seed: int, on_batch=None) -> list[Sample]:
         s = self.settings

@@ -5,9 +5,11 @@ An explicit builder, ``streakline.models.build``.
 A preset names where the weights live and how the model behaves (see ``conf/checkpoint/``). ``locate`` finds the
 folder: ``path`` if set, else ``hub_id`` in the local Hugging Face cache (nothing is downloaded: the error says
 how to fetch it), else ``None`` for a tiny preset that carries an ``arch`` block and is built from scratch.
-``build`` returns the ``Transformer`` with the preset's attention mode, shift and block size applied.
+``build`` returns the ``Transformer`` with the preset's attention mode, shift and block size applied, on ``device``,
+or across the devices the preset's ``devices`` names (``models/placement.py``; the plan is printed first).
 
     model = build(cfg.model.drafter, role="drafter", dtype=torch.bfloat16, device="cuda")
+    model = build(cfg.model.verifier, role="verifier", dtype=torch.bfloat16)   # with model.verifier.devices=auto
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, folder_family, load_pretrained
+from .checkpoint import CheckpointError, folder_family, load_pretrained, read_config
 from .config import TransformerConfig
+from .placement import place, plan_for, resolve_devices
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -96,13 +99,26 @@ def build(
     device: torch.device | str = "cpu",
     seed: int = 0,
 ) -> Transformer:
-    """The model a preset describes: loaded from its folder, or freshly initialised (seeded) when it is tiny."""
+    """The model a preset describes: loaded from its folder, or freshly initialised (seeded) when it is tiny; on
+    ``device``, or placed across the preset's ``devices`` when it names more than one."""
     if isinstance(dtype, str) or dtype is None:
         dtype = DTYPES[dtype or _get(preset, "dtype", "float32")]
+    devices = _get(preset, "devices")
+    spread = devices is not None and len(resolve_devices(devices)) > 1
+    where = "cpu" if spread else device  # a placed model is read into host memory, then moved layer run by run
     folder = locate(preset, role)
     if folder is None:
-        return Transformer(arch_config(preset)).init_weights(seed=seed).to(device=device, dtype=dtype)
-    behaviour = _behaviour(preset)
-    # A folder says what it is: its config.json decides the weight layout; the preset's family is the fallback.
-    family = folder_family(folder, behaviour.pop("family", None))
-    return load_pretrained(folder, family=family, dtype=dtype, device=device, **behaviour)
+        model = Transformer(arch_config(preset)).init_weights(seed=seed).to(device=where, dtype=dtype)
+    else:
+        behaviour = _behaviour(preset)
+        # A folder says what it is: its config.json decides the weight layout; the preset's family is the fallback.
+        family = folder_family(folder, behaviour.pop("family", None))
+        if spread:  # the plan (and a refusal with sizes) before the weights are read
+            plan = plan_for(read_config(folder, family), devices, dtype)
+        model = load_pretrained(folder, family=family, dtype=dtype, device=where, **behaviour)
+    if not spread:
+        return model
+    if folder is None:
+        plan = plan_for(model.config, devices, dtype)
+    print(f"model.{role}: {plan.describe()}")
+    return place(model, plan)

@@ -64,10 +64,25 @@ class KVCache:
         capacity: int = 256,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        layer_devices: list[torch.device] | None = None,
     ) -> None:
-        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        """``device`` holds the slot bookkeeping (positions, validity: where the model's inputs live);
+        ``layer_devices`` (one per layer, for a model placed across devices) where each layer's keys and values
+        live, each run of consecutive layers on one device in one tensor; None: all on ``device``."""
+        devices = [torch.device(d) for d in (layer_devices or [device] * num_layers)]
+        if len(devices) != num_layers:
+            raise ValueError(f"layer_devices names {len(devices)} devices for {num_layers} layers")
+        # segments: (first layer, device); _where[layer] = (segment, layer within it)
+        self.segments: list[tuple[int, torch.device]] = []
+        self._where: list[tuple[int, int]] = []
+        for i, d in enumerate(devices):
+            if not self.segments or self.segments[-1][1] != d:
+                self.segments.append((i, d))
+            self._where.append((len(self.segments) - 1, i - self.segments[-1][0]))
+        counts = [sum(1 for s, _ in self._where if s == k) for k in range(len(self.segments))]
+        self.ks = [torch.zeros((n, batch_size, num_kv_heads, capacity, head_dim), dtype=dtype, device=d)
+                   for n, (_, d) in zip(counts, self.segments, strict=True)]  # fmt: skip
+        self.vs = [torch.zeros_like(k) for k in self.ks]
         self.pos = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
         self.length = 0
@@ -75,24 +90,44 @@ class KVCache:
         self.all_valid = True
         self._pending = 0
 
+    @property
+    def k(self) -> torch.Tensor:
+        """All layers' keys ``[layers, B, Hkv, capacity, D]``, for a cache on one device (kernels, tests)."""
+        return self._whole(self.ks)
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self._whole(self.vs)
+
+    def _whole(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        if len(parts) != 1:
+            raise AttributeError("this cache spans several devices; read its segments (ks, vs)")
+        return parts[0]
+
     @classmethod
     def for_model(cls, model, batch_size: int, capacity: int = 256) -> KVCache:
         cfg = model.config
         p = next(model.parameters())
-        nbytes = 2 * cfg.num_layers * batch_size * cfg.num_kv_heads * capacity * cfg.head_dim * p.element_size()
-        check_room(
-            nbytes, p.device, f"a KV cache of {batch_size} rows x {capacity} positions",
-            "lower decoder.batch_size (rows decoded together) or decoder.max_new_tokens",
+        layer_devices = getattr(model, "layer_devices", None)
+        for d in sorted(set(layer_devices or [p.device]), key=str):
+            layers = sum(1 for x in (layer_devices or [p.device] * cfg.num_layers) if x == d)
+            nbytes = 2 * layers * batch_size * cfg.num_kv_heads * capacity * cfg.head_dim * p.element_size()
+            check_room(
+                nbytes, d, f"a KV cache of {batch_size} rows x {capacity} positions",
+                "lower decoder.batch_size (rows decoded together) or decoder.max_new_tokens",
+            )  # fmt: skip
+        return cls(
+            cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, capacity, p.dtype,
+            model.embed.weight.device, layer_devices,
         )  # fmt: skip
-        return cls(cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, capacity, p.dtype, p.device)
 
     @property
     def batch_size(self) -> int:
-        return self.k.shape[1]
+        return self.pos.shape[0]
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[3]
+        return self.pos.shape[1]
 
     def next_positions(self) -> torch.Tensor:
         """``[B]`` position id the next token of each row gets: one past its last valid slot (0 when empty)."""
@@ -107,12 +142,11 @@ class KVCache:
             cap *= 2
         if cap == self.capacity:
             return
-        L, B, H, _, D = self.k.shape
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = old.new_zeros((L, B, H, cap, D))
-            new[:, :, :, : self.length] = old[:, :, :, : self.length]
-            setattr(self, name, new)
+        for parts in (self.ks, self.vs):
+            for i, old in enumerate(parts):
+                L, B, H, _, D = old.shape
+                parts[i] = old.new_zeros((L, B, H, cap, D))
+                parts[i][:, :, :, : self.length] = old[:, :, :, : self.length]
         for name in ("pos", "valid"):
             old = getattr(self, name)
             new = old.new_zeros((B, cap))
@@ -136,9 +170,11 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's ``k, v`` (``[B, Hkv, T, D]``) for one layer; return all keys/values so far."""
         end = self.length + self._pending
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        segment, i = self._where[layer]
+        ks, vs = self.ks[segment], self.vs[segment]
+        ks[i, :, :, self.length : end] = k
+        vs[i, :, :, self.length : end] = v
+        return ks[i, :, :, :end], vs[i, :, :, :end]
 
     def commit(self) -> None:
         self.length += self._pending
@@ -153,8 +189,10 @@ class KVCache:
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only the batch rows ``index`` (``[B']`` long), in that order: finished rows leave the batch."""
-        idx = index.to(self.k.device)
-        self.k, self.v = self.k[:, idx], self.v[:, idx]
+        for parts in (self.ks, self.vs):
+            for i, t in enumerate(parts):
+                parts[i] = t[:, index.to(t.device)]
+        idx = index.to(self.pos.device)
         self.pos, self.valid = self.pos[idx], self.valid[idx]
 
     def gather(
@@ -177,15 +215,16 @@ class KVCache:
             raise ValueError(f"index has {B} rows, cache has {self.batch_size}")
         if n and (int(index.min()) < start or int(index.max()) >= self.length):
             raise ValueError(f"gather indices must lie in [{start}, {self.length})")
-        L, _, H, _, D = self.k.shape
-        idx = index.to(self.k.device)
-        if copy is not None:
-            copy(self.k, self.v, idx, start)
-        else:
-            kv_idx = idx[None, :, None, :, None].expand(L, B, H, n, D)
-            for name in ("k", "v"):
-                t = getattr(self, name)
-                t[:, :, :, start : start + n] = torch.gather(t, 3, kv_idx)
+        for k, v in zip(self.ks, self.vs, strict=True):
+            L, _, H, _, D = k.shape
+            at = index.to(k.device)
+            if copy is not None:
+                copy(k, v, at, start)
+            else:
+                kv_idx = at[None, :, None, :, None].expand(L, B, H, n, D)
+                for t in (k, v):
+                    t[:, :, :, start : start + n] = torch.gather(t, 3, kv_idx)
+        idx = index.to(self.pos.device)
         self.pos[:, start : start + n] = torch.gather(self.pos, 1, idx)
         valid = torch.gather(self.valid, 1, idx)
         if keep is not None:

@@ -120,6 +120,8 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.gradient_checkpointing = False
+        # one device per layer when the model spans several (models/placement.py); None: all on one device
+        self.layer_devices: list[torch.device] | None = None
 
     def init_weights(self, seed: int | None = None, std: float = 0.02) -> Transformer:
         """Fresh weights: normal(0, std) matrices, zero biases, unit norms. Deterministic for a seed."""
@@ -160,6 +162,13 @@ class Transformer(nn.Module):
         prefix_len: ``prefix_causal`` only: position where the draft window starts (int or ``[B]``).
         attn_mask: explicit boolean mask ``[B, T, past+T]`` or ``[B, T, T]`` (True = may attend).
         """
+        if self.layer_devices is not None:  # placed: the inputs go where the embedding is, from wherever they are
+            home = self.embed.weight.device
+            input_ids, position_ids, attention_mask, attn_mask = (
+                _to(t, home) for t in (input_ids, position_ids, attention_mask, attn_mask)
+            )
+            if isinstance(prefix_len, torch.Tensor):
+                prefix_len = prefix_len.to(home)
         B, T = input_ids.shape
         valid = None
         if attention_mask is not None:
@@ -181,20 +190,28 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.begin(position_ids, valid)
         for i, layer in enumerate(self.layers):
+            if self.layer_devices is not None and x.device != self.layer_devices[i]:  # the next run's device
+                x, cos, sin, mask = (_to(t, self.layer_devices[i]) for t in (x, cos, sin, mask))
             if self.gradient_checkpointing and self.training and cache is None:
                 x = checkpoint(layer, x, cos, sin, mask, is_causal, None, i, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask, is_causal, cache, i)
         if cache is not None:
             cache.commit()
-        return self.norm(x)
+        return self.norm(x.to(self.norm.weight.device))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.output_weight)
+        # placed across devices, a tied read-out is the embedding on the first device
+        return F.linear(hidden.to(self.output_weight.device), self.output_weight)
 
     def forward(self, input_ids: torch.Tensor, *, logits_to_keep: int = 0, **kwargs) -> torch.Tensor:
-        """Logits ``[B, T, V]`` (or ``[B, logits_to_keep, V]`` for the last positions only). kwargs: see hidden."""
+        """Logits ``[B, T, V]`` (or ``[B, logits_to_keep, V]`` for the last positions only), on ``input_ids``'s
+        device. kwargs: see hidden."""
         h = self.hidden(input_ids, **kwargs)
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
-        return self.logits(h)
+        return self.logits(h).to(input_ids.device)
+
+
+def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device, non_blocking=True)

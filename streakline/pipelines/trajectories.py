@@ -272,6 +272,14 @@ def _job(cfg: DictConfig, key: dict) -> dict[str, Any]:
     }
 
 
+def verifier_gpus(cfg) -> int:
+    """GPUs one copy of the verifier takes: the devices ``model.verifier.devices`` names, else one."""
+    from streakline.models.placement import resolve_devices
+
+    devices = cfg.model.verifier.devices
+    return len(resolve_devices(devices)) if devices is not None else 1
+
+
 def _generate(cfg, job, pieces, metas, todo, folder) -> None:
     rows_total = sum(metas[i].rows for i in todo)
     bar = tqdm(total=rows_total, desc="trajectories", unit="row", dynamic_ncols=True)
@@ -294,7 +302,9 @@ def _generate(cfg, job, pieces, metas, todo, folder) -> None:
         from streakline.launch.ray_pool import run_on_ray
 
         gpus = cfg.launcher.nodes * cfg.launcher.gpus_per_node
-        workers = cfg.launcher.workers or (gpus if gpus else 2)
+        # a verifier spread over n GPUs (model.verifier.devices; vLLM's tensor parallelism) takes n per worker
+        per_worker = verifier_gpus(cfg) if gpus else 0
+        workers = cfg.launcher.workers or (max(1, gpus // per_worker) if gpus else 2)
         run_on_ray(
             ShardWorker,
             (job, work),
@@ -302,7 +312,7 @@ def _generate(cfg, job, pieces, metas, todo, folder) -> None:
             workers,
             done,
             address=cfg.launcher.ray_address,
-            gpus_per_worker=1 if gpus else 0,
+            gpus_per_worker=per_worker,
         )
     else:
         worker = ShardWorker(job, work)
@@ -316,7 +326,7 @@ class ShardWorker:
 
     def __init__(self, job: dict[str, Any], work: dict[int, tuple]) -> None:
         from streakline.decoding.backends import BACKENDS, SampleSettings
-        from streakline.models import build
+        from streakline.models import build, locate
 
         cfg = OmegaConf.create(job["cfg"])
         self.job, self.work = job, work
@@ -331,7 +341,14 @@ class ShardWorker:
             eos_token_id=tokenizer.eos_token_id,
         )
         if data.backend == "vllm":
-            self.backend = BACKENDS["vllm"](cfg.model.verifier.path, settings, tokenizer)
+            # the checkpoint folder of any preset (a hub one from the local cache), its tokenizer folder, and one
+            # tensor-parallel rank per GPU the verifier is given
+            node = cfg.model.verifier
+            folder = str(locate(node, "verifier"))
+            self.backend = BACKENDS["vllm"](
+                folder, settings, tokenizer, tokenizer_folder=node.tokenizer or folder,
+                tensor_parallel_size=verifier_gpus(cfg),
+            )  # fmt: skip
         else:
             verifier = build(cfg.model.verifier, "verifier", device=device()).eval()
             self.backend = BACKENDS["native"](verifier, settings, tokenizer)

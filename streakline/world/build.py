@@ -54,6 +54,7 @@ def world_key(cfg: DictConfig) -> dict[str, Any]:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     for role in ROLES:
         model[role]["path"] = model[role]["tokenizer"] = None
+        model[role].pop("devices", None)  # where a model runs, not what it is
         recipe = (model.get("world") or {}).get(role) or {}
         if recipe.get("init_from", "absent") is None:  # a field added later: unset, it must not move old worlds
             del recipe["init_from"]

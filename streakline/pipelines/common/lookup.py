@@ -38,6 +38,14 @@ SPIFFY_RECIPE = 1
 
 
 # --------------------------------------------------------------------------------------------- trajectories
+def role_key(node: DictConfig) -> dict[str, Any]:
+    """A role's preset as a run key holds it: everything but ``devices`` (where it runs, not what it is; runs from
+    before the field existed keep their folders)."""
+    out = OmegaConf.to_container(node, resolve=True)
+    out.pop("devices", None)
+    return out
+
+
 def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     """What the trajectories depend on, and nothing else (the decoder or trainer settings do not move the folder)."""
     node = cfg.model.verifier
@@ -88,7 +96,7 @@ def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     from streakline.models.tokenizer import tokenizer_hash
 
     return {
-        "target": OmegaConf.to_container(cfg.model.target, resolve=True),
+        "target": role_key(cfg.model.target),
         "tokenizer": tokenizer_hash(tokenizer),
         "spot": _trace_settings(cfg),
         "prompt_format": _prompt_format(cfg, tokenizer),
@@ -101,7 +109,7 @@ def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     from streakline.models.tokenizer import tokenizer_hash
 
     key = {
-        "target": OmegaConf.to_container(cfg.model.target, resolve=True),
+        "target": role_key(cfg.model.target),
         "tokenizer": tokenizer_hash(tokenizer),
         "spiffy": _trace_settings(cfg),
         "recipe": SPIFFY_RECIPE,
@@ -165,7 +173,7 @@ def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, 
     equal to ``wanted``; CheckpointError naming the command that makes one otherwise."""
     from streakline.models.tokenizer import tokenizer_hash
 
-    target = OmegaConf.to_container(cfg.model.target, resolve=True)
+    target = role_key(cfg.model.target)
     tok = tokenizer_hash(required_tokenizer(cfg, "target", stage))
     found, other = [], 0
     for folder, m in complete_runs(cfg.run_root, cfg.experiment.name, stage):
