@@ -1,6 +1,6 @@
 """The model layer: one transformer core, its KV cache, Hugging Face checkpoint import/export, tokenizers.
 
-    from streakline.models import Transformer, TransformerConfig, KVCache, load_pretrained, save_pretrained
+    from streakline.models import Transformer, TransformerConfig, KVCache, load_pretrained, save_pretrained, export_like
 
 Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoint preset into a model.
 """
@@ -8,6 +8,7 @@ Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoin
 from .builder import build, locate
 from .checkpoint import (
     CheckpointError,
+    export_like,
     load_pretrained,
     read_config,
     save_pretrained,
@@ -27,6 +28,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "build",
+    "export_like",
     "locate",
     "load_pretrained",
     "read_config",

@@ -17,7 +17,10 @@ complete run with the same key: drafter, trajectories folder, gamma, method, tra
    streak on a few prompts), checkpoints every ``trainer.save_every`` steps (the last ``trainer.keep_last``
    DeepSpeed ones kept, and ``trainer.keep_exports`` of the exports, default all);
 5. the final drafter as a Hugging Face folder ``drafter/`` (LoRA merged, ``alignment/lora.py``) that
-   ``stage=decode`` loads with ``model.drafter.path=<run>/drafter``; the runner writes the manifest last.
+   ``stage=decode`` loads with ``model.drafter.path=<run>/drafter``; the runner writes the manifest last. Every
+   export is a copy of the drafter's checkpoint folder with only the weights replaced (``export_like``: its
+   config.json, dtype, shard layout and extra files kept, provenance in ``streakline.json``), so ``transformers``
+   loads it like the original.
 
 Under ``torchrun`` every rank runs this module; rank 0 writes files and the manifest.
 """
@@ -105,12 +108,13 @@ class Distill(Stage):
         }
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
+        from streakline import __version__
         from streakline.alignment.data import TrajectoryWindows
         from streakline.alignment.lora import from_training_state, merged, with_lora
         from streakline.alignment.losses import LossSettings
         from streakline.alignment.strategy import DeepSpeedStrategy
         from streakline.alignment.trainer import DraftTrainModule, Trainer
-        from streakline.models import build, save_pretrained
+        from streakline.models import build, export_like, locate, save_pretrained
 
         out, gamma, method = stage_run.dir, _gamma(cfg), cfg.method
         strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed)
@@ -149,9 +153,26 @@ class Distill(Stage):
         tracker = _tracker(cfg, stage_run, enabled=strategy.is_main)
         evaluator = _evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier) if strategy.is_main else None
 
+        # Exports are drop-in copies of the drafter's own checkpoint folder with the weights replaced (its config.json,
+        # dtype, shard layout, tokenizer and remote-code files kept), so transformers loads them like the original;
+        # a from-scratch drafter (no folder) is written by save_pretrained.
+        source = locate(cfg.model.drafter, "drafter")
+        method_record = OmegaConf.to_container(cfg.method, resolve=True)
+
         def export(step: int, state: dict[str, torch.Tensor]) -> Path:
             model = from_training_state(state, module.drafter.config, cfg.trainer.lora)
-            folder = save_pretrained(model, out / "checkpoints" / f"step-{step:06d}", tokenizer=tokenizer)
+            target = out / "checkpoints" / f"step-{step:06d}"
+            if source is None:
+                folder = save_pretrained(model, target, tokenizer=tokenizer)
+            else:
+                provenance = {
+                    "source": str(source),
+                    "step": step,
+                    "run": str(out),
+                    "method": method_record,
+                    "streakline_version": __version__,
+                }
+                folder = export_like(model, target, source, tokenizer=tokenizer, provenance=provenance)
             if evaluator is not None and not strategy.live_weights_are_whole:  # ZeRO-3: evaluate the export
                 result = evaluator(step, model)
                 if result:

@@ -125,6 +125,44 @@ def test_lora_exports_a_merged_checkpoint(world):
     )
 
 
+def test_a_transformers_checkpoint_exports_as_a_drop_in_copy(world, tmp_path):
+    """A drafter warm-started from a checkpoint transformers wrote (bf16, sharded, no private config block, no
+    tokenizer) exports as that folder with new weights: same config.json and shards, loadable by transformers."""
+    import transformers
+    from safetensors import safe_open
+
+    from streakline.world import attach_world
+
+    world_drafter = attach_world(compose_config(["stage=distill", *_overrides(world, "distill-data")]), progress=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(world_drafter.model.drafter.path, dtype=torch.bfloat16)
+    source = tmp_path / "hf-drafter"
+    hf.save_pretrained(source, max_shard_size="40KB")
+    raw = json.loads((source / "config.json").read_text())
+    raw.pop("streakline", None)  # a hub checkpoint has no such block: the preset and mask_token_id say it all
+    (source / "config.json").write_text(json.dumps(raw, indent=2))
+    assert len(list(source.glob("model-*.safetensors"))) > 1 and not (source / "tokenizer.json").exists()
+
+    res = _distill(world, "distill-data", "method=streak", f"model.drafter.path={source}", "trainer.max_steps=2",
+                   "trainer.save_every=2", "trainer.eval_every=2")  # fmt: skip
+    export = Path(res.artifact)
+    assert json.loads((export / "config.json").read_text()) == raw
+    shards = sorted(p.name for p in source.glob("*.safetensors"))
+    assert sorted(p.name for p in export.glob("*.safetensors")) == shards
+    with safe_open(export / shards[0], "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}  # noqa: SIM118
+    assert (export / "tokenizer.json").is_file()  # the source has none: the run's tokenizer is saved beside it
+    record = json.loads((export / "streakline.json").read_text())
+    assert record["source"] == str(source) and record["step"] == 2 and record["method"]["name"] == "streak"
+
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    ours = load_pretrained(export, dtype=torch.float32, attention="causal").eval()
+    before = load_pretrained(source, dtype=torch.float32, attention="causal").eval()
+    ids = torch.randint(0, ours.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids), atol=1e-4, rtol=0)
+        assert not torch.allclose(ours(ids), before(ids), atol=1e-3)  # trained: the weights were replaced
+
+
 def test_the_losses_train_at_the_decoders_drafter_temperature_unless_told_otherwise(streak_run):
     """One setting for both by default: q is trained at decoder.drafter_temperature, and the run key (manifest)
     records the temperature actually used."""
