@@ -74,8 +74,8 @@ CASES = [
          "prompt_ids=[1,2,3]"),
     case("bad debug flag", [*DECODE, "debug=maybe"], "debug=maybe is not valid", "debug=true"),
     # ------------------------------------------------------------------ checkpoints
-    case("verifier path missing", [*DECODE, "model.verifier.path={bad}/nowhere"], "no config.json in",
-         "model.<role>.path at a checkpoint folder"),
+    case("verifier path missing", [*DECODE, "model.verifier.path={bad}/nowhere"],
+         "nowhere is not a checkpoint folder (no config.json there)", "a folder written by save_pretrained"),
     case("config does not match weights", [*DECODE, "model.verifier.path={bad}/shapes"],
          "do not have the shapes its config.json implies", "take both from the same checkpoint"),
     case("config.json not JSON", [*DECODE, "model.verifier.path={bad}/badjson"], "config.json is not valid JSON",

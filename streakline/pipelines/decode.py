@@ -28,13 +28,18 @@ from streakline.models import build
 
 from .common.lookup import locate_block_artifact
 from .common.prompts import encode, unescape
-from .common.roles import bridge_tokenizers, device, role_tokenizer
+from .common.roles import bridge_tokenizers, device, role_eos, role_tokenizer
 from .runner import Stage, StageResult
 
 
 class Decode(Stage):
     name = "decode"
     settings = ("decoder", "prompt", "prompt_ids")
+
+    def uses(self, cfg: DictConfig) -> tuple[str, ...]:
+        if cfg.decoder.name in BLOCK + BLOCK_DRAFTED:
+            return ("target",)
+        return ("verifier",) if cfg.decoder.name == "vanilla" else ("verifier", "drafter")
 
     def check(self, cfg: DictConfig) -> None:
         if (cfg.prompt is None) == (cfg.prompt_ids is None):
@@ -54,7 +59,7 @@ class Decode(Stage):
             raise ConfigError(
                 f"prompt_ids has id {max(prompt)}, but the {main_role}'s vocabulary has {main.config.vocab_size}"
             )
-        eos = tokenizer.eos_token_id if tokenizer is not None else main.config.eos_token_id
+        eos = role_eos(cfg, main_role, tokenizer, single=block)
         if block:
             tokens, metrics = _decode_block(cfg, main, prompt, eos, where)
         else:

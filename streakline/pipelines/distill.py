@@ -55,6 +55,9 @@ class Distill(Stage):
     settings = ("method", "trainer")
     ranked = True  # under torchrun every rank runs it; rank 0 writes files and the manifest
 
+    def uses(self, cfg: DictConfig) -> tuple[str, ...]:
+        return ("verifier", "drafter")
+
     def check(self, cfg: DictConfig) -> None:
         method = cfg.method
         if method.loss == "mdm":

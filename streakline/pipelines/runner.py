@@ -55,6 +55,11 @@ class Stage:
     # Under torchrun every rank runs the stage; only rank 0 writes the manifest.
     ranked: ClassVar[bool] = False
 
+    def uses(self, cfg: DictConfig) -> tuple[str, ...]:
+        """The model roles this stage loads with ``cfg``: only these are pointed at the tiny world (which is built
+        only when one of them has no checkpoint of its own)."""
+        return ("verifier", "drafter", "target")
+
     def check(self, cfg: DictConfig) -> None:
         """Raise ``ConfigError`` for settings this stage cannot run with; before any work is done."""
 
@@ -88,7 +93,7 @@ def run_stage_object(stage: Stage, cfg: DictConfig) -> StageResult:
         from streakline.world import attach_world
 
         check_run_root(cfg.run_root)
-        attach_world(cfg)
+        attach_world(cfg, roles=stage.uses(cfg))
     stage.check(cfg)
     key = stage.key(cfg)
     if key is not None:

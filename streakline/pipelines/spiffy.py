@@ -39,6 +39,9 @@ class Spiffy(Stage):
     name = "spiffy"
     settings = ("stage",)
 
+    def uses(self, cfg: DictConfig) -> tuple[str, ...]:
+        return ("target",)
+
     def check(self, cfg: DictConfig) -> None:
         """ConfigError for ``stage.*`` values the stage cannot run with."""
         counts = ("prompts", "max_new_tokens", "horizon", "budget", "batch_size")

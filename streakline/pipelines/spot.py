@@ -41,6 +41,9 @@ class Spot(Stage):
     name = "spot"
     settings = ("stage",)
 
+    def uses(self, cfg: DictConfig) -> tuple[str, ...]:
+        return ("target",)
+
     def check(self, cfg: DictConfig) -> None:
         """ConfigError for ``stage.*`` values the stage cannot run with."""
         s = cfg.stage

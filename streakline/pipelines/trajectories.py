@@ -51,7 +51,7 @@ from streakline.data.trajectories import (
 )
 
 from .common.lookup import trajectories_key
-from .common.roles import device, required_tokenizer, role_tokenizer
+from .common.roles import device, required_tokenizer, role_eos, role_tokenizer
 from .runner import Stage, StageResult
 
 FAULT_WORKER_EXIT = "STREAKLINE_FAULT_WORKER_EXIT"
@@ -61,6 +61,9 @@ FAULT_EXIT_AFTER = "STREAKLINE_FAULT_EXIT_AFTER_SHARDS"
 class Trajectories(Stage):
     name = "trajectories"
     settings = ("data",)
+
+    def uses(self, cfg: DictConfig) -> tuple[str, ...]:
+        return ("verifier",)
 
     def check(self, cfg: DictConfig) -> None:
         from streakline.decoding.backends import check_backend
@@ -338,7 +341,7 @@ class ShardWorker:
             top_p=data.top_p,
             topk_logprobs=data.topk_logprobs,
             batch_size=data.batch_size,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=role_eos(cfg, "verifier", tokenizer),
         )
         if data.backend == "vllm":
             # the checkpoint folder of any preset (a hub one from the local cache), its tokenizer folder, and one

@@ -97,28 +97,47 @@ def ensure_world(cfg: DictConfig, progress: bool = True) -> Path:
     return _build(cfg, key, progress)
 
 
-def attach_world(cfg: DictConfig, progress: bool = True) -> DictConfig:
+def attach_world(cfg: DictConfig, progress: bool = True, roles: tuple[str, ...] = ROLES) -> DictConfig:
     """Point each role of a built world at its checkpoint (and tokenizer) folder, building the world if needed.
 
     Roles given a ``path`` on the command line (``model=tiny model.drafter.path=runs/.../drafter``) keep it: the
     world's hash ignores paths, so the same world is found. Such a role reads its tokenizer from its folder, or from
-    the world's tokenizer folder when its folder holds none. A role's ``tokenizer`` given on the command line is kept
-    either way. Presets without a world pass through untouched.
+    the world's tokenizer folder when its folder holds none and its vocabulary is the world's (a checkpoint made
+    from the world, e.g. by transformers' save_pretrained, which saves no tokenizer): a foreign checkpoint never
+    borrows the world's tokenizer. A role's ``tokenizer`` given on the command line is kept either way.
+
+    ``roles``: the roles the stage loads. When each of them has a ``path``, the world is not built for them (it is
+    still used, if already built, for the tokenizer). Presets without a world pass through untouched.
     """
     if cfg.model.world is None:
         return cfg
     check_world(cfg)
-    folder = ensure_world(world_config(cfg), progress)
+    world = world_config(cfg)
+    if all(cfg.model[role].path is not None for role in roles):
+        folder = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, config_hash(world_key(world)))
+    else:
+        folder = ensure_world(world, progress)
     for role in ROLES:
         node = cfg.model[role]
         if node.path is None:
+            if folder is None:
+                continue  # not a role this stage loads, and no world to point it at
             node.path = str(folder / role)
             # a tokenizer named on the command line is kept: role_tokenizer then checks that it fits the model
             node.tokenizer = node.tokenizer or str(folder / "tokenizer")
-        elif node.tokenizer is None and not has_tokenizer(node.path):
-            # e.g. a folder written by transformers' model.save_pretrained, which saves no tokenizer
+        elif node.tokenizer is None and folder is not None and not has_tokenizer(node.path) and _world_vocab(cfg, node):
             node.tokenizer = str(folder / "tokenizer")
     return cfg
+
+
+def _world_vocab(cfg: DictConfig, node) -> bool:
+    """Whether the checkpoint at ``node.path`` has the world's vocabulary size (so the world's tokenizer is its)."""
+    from streakline.models.checkpoint import CheckpointError, read_config
+
+    try:
+        return read_config(node.path, node.family).vocab_size == cfg.model.world.vocab_size
+    except CheckpointError:
+        return False  # unreadable: the stage that loads it says why
 
 
 def _files(folder: Path) -> dict[str, str]:

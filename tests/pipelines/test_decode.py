@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from streakline.config import ConfigError, compose_config
 from streakline.models.checkpoint import CheckpointError
@@ -108,3 +109,33 @@ def test_cli_last_line_is_json(world_root):
         timeout=300,
     )
     assert bad.returncode == 2 and "diffusion_draft" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_foreign_checkpoint_decodes_alone_with_its_own_end_of_text(tmp_path):
+    """A Qwen2 checkpoint saved by transformers (another vocabulary, no tokenizer, no eos in its config) decoded with
+    prompt_ids: no tiny world is built for it, no tokenizer is borrowed, and it continues as transformers does."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=311, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, eos_token_id=None, bos_token_id=None,
+        initializer_range=0.5,  # weights large enough that greedy output does not repeat one token
+    )  # fmt: skip
+    torch.manual_seed(0)
+    hf = transformers.Qwen2ForCausalLM(config).eval()
+    hf.save_pretrained(tmp_path / "foreign")
+    runs = tmp_path / "runs"
+    args = ["stage=decode", "model=tiny", f"run_root={runs}", f"model.verifier.path={tmp_path / 'foreign'}",
+            "decoder=vanilla", "prompt_ids=[5,6,7]", "decoder.max_new_tokens=12"]  # fmt: skip
+    cfg = compose_config(args)
+    out = run_stage(cfg)
+    assert not (runs / "world").exists()  # vanilla decoding loads the verifier alone: nothing to build
+    assert cfg.model.verifier.tokenizer is None
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, do_sample=False)[0, 3:].tolist()
+    assert out.details["line"]["token_ids"] == want and len(want) == 12
+    # the checkpoint's own generation_config.json decides where it stops
+    stop = next(i for i in range(1, 12) if want[i] not in want[:i])  # a token the greedy output reaches first at i
+    (tmp_path / "foreign" / "generation_config.json").write_text(json.dumps({"eos_token_id": [want[stop], 310]}))
+    stopped = run_stage(compose_config(args))
+    assert stopped.details["line"]["token_ids"] == want[: stop + 1]  # up to and including its end-of-text

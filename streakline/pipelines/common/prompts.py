@@ -79,7 +79,7 @@ def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]
     verifier's tokenizer for speculative methods and the target's for block methods (only the families present)."""
     from streakline.evaluation.suite import family, with_references
 
-    from .roles import required_tokenizer
+    from .roles import required_tokenizer, role_eos
 
     prompts, eos = {}, {}
     families = {family(m.decoder) for m in with_references(list(methods))}
@@ -87,5 +87,5 @@ def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]
         if fam in families:
             tok = required_tokenizer(cfg, role, "evaluate")
             prompts[fam] = benchmark_prompts(tok, cfg.stage.benchmarks, cfg.stage.prompts, cfg.data.chat_template)
-            eos[role] = tok.eos_token_id
+            eos[role] = role_eos(cfg, role, tok, single=role == "target")
     return prompts, eos

@@ -1,6 +1,7 @@
 """Model roles as the stages load them: the device, a role's tokenizer, the block-diffusion target.
 
 tokenizer = role_tokenizer(cfg, "verifier")       # None when the role has no tokenizer folder
+eos = role_eos(cfg, "verifier", tokenizer)        # the checkpoint's own end-of-text id(s)
 target = block_target(cfg, "spot", device())       # refuses a target without block-causal attention
 """
 
@@ -33,10 +34,12 @@ def role_tokenizer(cfg: DictConfig, role: str):
     if node.tokenizer is not None and not Path(node.tokenizer).exists():
         raise ConfigError(f"model.{role}.tokenizer={node.tokenizer} does not exist; point it at a tokenizer folder")
     if folder is not None and not has_tokenizer(folder):
-        raise ConfigError(
-            f"model.{role} reads its tokenizer from {folder}, which holds no tokenizer.json / tokenizer_config.json; "
-            f"set model.{role}.tokenizer=<folder with the tokenizer>"
-        )
+        if node.tokenizer is not None:  # named on purpose: it must hold one
+            raise ConfigError(
+                f"model.{role} reads its tokenizer from {folder}, which holds no tokenizer.json / "
+                f"tokenizer_config.json; set model.{role}.tokenizer=<folder with the tokenizer>"
+            )
+        folder = None  # a checkpoint saved without one (transformers' save_pretrained): fine until text is needed
     if folder is None:
         if cfg.prompt is not None:
             raise ConfigError(
@@ -63,6 +66,29 @@ def _check_fits(role: str, folder: str, tokenizer, weights, rows: int) -> None:
             f"embedding rows: they belong to different models; point model.{role}.tokenizer at the tokenizer "
             f"{weights} was trained with"
         )
+
+
+def role_eos(cfg: DictConfig, role: str, tokenizer, single: bool = False) -> int | list[int] | None:
+    """The role's end-of-text id(s), from its own checkpoint: ``generation_config.json`` (which may list several,
+    as Qwen2.5-Instruct's does), else ``config.json``, else its tokenizer's; None: never stops early. ``single``: the
+    first id only, for the block-diffusion decoders, which take one."""
+    import json
+
+    node = cfg.model[role]
+    folder = node.path or (locate(node, role) if node.get("hub_id") else None)
+    eos = None
+    for name in ("generation_config.json", "config.json"):
+        path = Path(folder, name) if folder is not None else None
+        if eos is None and path is not None and path.is_file():
+            try:
+                eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+            except ValueError:
+                eos = None  # a damaged file: loading the checkpoint names it
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if single and isinstance(eos, list):
+        return eos[0] if eos else None
+    return eos
 
 
 def required_tokenizer(cfg: DictConfig, role: str, stage: str):
