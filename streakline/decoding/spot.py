@@ -105,6 +105,12 @@ class SpotDrafter(BlockDrafter):
         if setting != self._checked:
             check_trained_for(self.model, *setting)
             self._checked = setting
+        if ctx.root.shape[1] > self.model.config.max_block:  # before the first draft, not as an index error in it
+            raise OrderModelMismatchError(
+                f"this order model serves blocks of up to {self.model.config.max_block} tokens (stage.max_block) and "
+                f"the target's blocks have {ctx.root.shape[1]}; train one with python launch.py stage=spot model=... "
+                f"stage.max_block={ctx.root.shape[1]}, or point decoder.artifact at one that fits"
+            )
         return self.build_tree(ctx).drafts()
 
     @torch.no_grad()

@@ -196,3 +196,10 @@ def test_an_order_model_for_another_rule_or_threshold_is_refused(model, order_mo
     assert order_model.config.rule is None
     decode_blocks(model, ids, mask, BlockDecodeConfig(max_new_tokens=MAX_NEW, rule="threshold", threshold=0.1),
                   drafter=SpotDrafter(order_model, 4))  # fmt: skip
+
+
+def test_an_order_model_for_smaller_blocks_is_refused_before_it_drafts(model, order_model):
+    ids, mask = _left_pad(_prompts((6,)))
+    small = OrderModel(OrderModelConfig(**{**vars(order_model.config), "max_block": model.config.block_size - 1}))
+    with pytest.raises(OrderModelMismatchError, match=rf"blocks have {model.config.block_size}.*stage.max_block="):
+        decode_blocks(model, ids, mask, BlockDecodeConfig(max_new_tokens=MAX_NEW), drafter=SpotDrafter(small, 4))
