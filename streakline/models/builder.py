@@ -91,6 +91,16 @@ def _behaviour(preset: Any) -> dict:
     return out
 
 
+def _tokenizer_id(folder, token: str) -> int | None:
+    from .tokenizer import has_tokenizer
+
+    if not has_tokenizer(folder):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder)).get_vocab().get(token)
+
+
 def build(
     preset: Any,
     role: str = "verifier",
@@ -116,6 +126,10 @@ def build(
         if spread:  # the plan (and a refusal with sizes) before the weights are read
             plan = plan_for(read_config(folder, family), devices, dtype)
         model = load_pretrained(folder, family=family, dtype=dtype, device=where, **behaviour)
+        if model.config.mask_token_id is None and _get(preset, "mask_token"):
+            # a checkpoint whose config.json names no mask id (a plain transformers save): its tokenizer's id of
+            # the preset's mask token, when it has one (distill adds the token to a tokenizer that lacks it)
+            model.config.mask_token_id = _tokenizer_id(_get(preset, "tokenizer") or folder, _get(preset, "mask_token"))
     if not spread:
         return model
     if folder is None:

@@ -128,7 +128,7 @@ class Distill(Stage):
         drafter = build(cfg.model.drafter, "drafter").train()
         mask_id = drafter.config.mask_token_id
         if mask_id is None:
-            raise ConfigError("the drafter has no mask token; set model.drafter.mask_token")
+            mask_id = _add_mask_token(cfg, drafter, tokenizer)
         if cfg.trainer.lora.enabled:
             drafter = with_lora(drafter, cfg.trainer.lora)
         drafter.gradient_checkpointing = cfg.trainer.activation_checkpointing
@@ -244,6 +244,23 @@ def _resume_source(cfg: DictConfig) -> str:
             f"{cfg.trainer.max_steps} leaves nothing to train; set trainer.max_steps above {step}"
         )
     return str(folder / tag)
+
+
+def _add_mask_token(cfg: DictConfig, drafter, tokenizer) -> int:
+    """A drafter whose tokenizer lacks the preset's mask token (an AR checkpoint turned into a diffusion drafter):
+    add it, mean-initialised (``models.tokenizer.add_mask_token``); every export then carries the token and the
+    grown vocabulary. ConfigError when the preset names no mask token or there is no tokenizer to add it to."""
+    from streakline.models.tokenizer import add_mask_token
+
+    token = cfg.model.drafter.mask_token
+    if token is None or tokenizer is None:
+        raise ConfigError(
+            "the drafter has no mask token: set model.drafter.mask_token (it is added to the drafter's tokenizer "
+            "when missing)" + ("" if tokenizer is not None else " and model.drafter.tokenizer")
+        )
+    mask_id = add_mask_token(drafter, tokenizer, token)
+    print(f"distill: the drafter's tokenizer had no {token!r}; added it as id {mask_id} with a mean embedding")
+    return mask_id
 
 
 def _gamma(cfg: DictConfig) -> int:

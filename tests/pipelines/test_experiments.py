@@ -77,7 +77,7 @@ def _manifest_folder(output: Path, root: Path) -> Path | None:
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_shipped_experiment_runs_end_to_end(micro_world, experiment):
     root = Path(micro_world[0])
-    if not compose_config(["stage=doctor", f"experiment={experiment}"]).experiment.stages:
+    if not compose_config(["stage=doctor", f"experiment={experiment}", *SMALL]).experiment.stages:
         with pytest.raises(ConfigError, match=rf"experiment='{experiment}' lists none; pick one such as"):
             _config(root, experiment)
         return

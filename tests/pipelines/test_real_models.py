@@ -1,0 +1,105 @@
+"""The real-model path end to end on CPU: ``stage=pipeline experiment=real model=diffucoder`` with a verifier and a
+drafter made by ``transformers`` itself (Qwen2 layouts, their own tokenizer with a chat template), a local
+conversations file for training prompts and a local benchmark file for evaluation; no tiny world is built.
+
+    .venv/bin/python -m pytest tests/pipelines/test_real_models.py -q     (about a minute on 2 cores)
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from streakline.artifacts import read_manifest
+from streakline.config import compose_config
+from streakline.data import math_texts, train_tokenizer
+from streakline.data.trajectories import load_trajectories
+from streakline.pipelines import run_stage
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHATS = [
+    [("Tom has 4 pens and buys 3 more.", "He has 7 pens."), ("How many if he gives 2 away?", "5 pens.")],
+    [("A box holds 6 eggs. How many in 2 boxes?", "12 eggs.")],
+    [("Sara reads 5 pages a day.", "OK."), ("How many pages in 3 days?", "15 pages.")],
+    [("What is 9 minus 4?", "5.")],
+    [("Add 8 and 7.", "15.")],
+    [("A pack has 10 cards. Half are red. How many red?", "5 red cards.")],
+]
+EVAL = [{"question": "Ben has 2 apples and finds 6 more. How many apples?", "answer": "8"},
+        {"question": "A bus has 30 seats and 12 are taken. How many are free?", "answer": "18"}]  # fmt: skip
+
+
+def _checkpoint(folder: Path, tokenizer, seed: int) -> Path:
+    """A small Qwen2 made and saved by transformers, with the tokenizer beside it (as hub checkpoints come)."""
+    config = transformers.Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None, initializer_range=0.2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("real")
+    texts = [f"{r['question']}\n{r['solution']}" for r in math_texts("train", 400, seed=0)]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(train_tokenizer(texts, tmp / "tokenizer", vocab_size=300))
+    verifier = _checkpoint(tmp / "verifier", tokenizer, seed=0)
+    drafter = _checkpoint(tmp / "drafter", tokenizer, seed=1)
+    rows = [{"messages": [{"role": r, "content": c} for q, a in chat for r, c in (("user", q), ("assistant", a))]}
+            for chat in CHATS]  # fmt: skip
+    (tmp / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp / "gsm8k.jsonl").write_text("".join(json.dumps(r) + "\n" for r in EVAL))
+    args = [
+        "stage=pipeline", "experiment=real", "model=diffucoder", f"run_root={tmp / 'runs'}",
+        f"model.verifier.path={verifier}", f"model.drafter.path={drafter}",
+        "model.verifier.dtype=float32", "model.drafter.dtype=float32", "model.drafter.gamma=4",
+        f"data.prompt_sources=[conversations@{tmp / 'chats.jsonl'}]", "data.max_prompts=6",
+        "data.samples_per_prompt=1", "data.max_new_tokens=12", "data.num_shards=1", "data.batch_size=6",
+        "trainer.max_steps=2", "trainer.save_every=2", "trainer.eval_every=2", "trainer.micro_batch_size=2",
+        "trainer.warmup_steps=1", "trainer.windows_per_seq=2", "trainer.wandb_project=null",
+        f"trainer.eval_sources=[gsm8k@{tmp / 'gsm8k.jsonl'}]", "trainer.eval_prompts=1",
+        f"settings.evaluate.benchmarks=[gsm8k@{tmp / 'gsm8k.jsonl'}]", "settings.evaluate.prompts=2",
+        "settings.evaluate.max_new_tokens=8", "settings.evaluate.temperatures=[0.0]", "settings.evaluate.k_grid=[1]",
+        "settings.evaluate.drafter_temperature_grid=[1.0]",
+    ]  # fmt: skip
+    return tmp, tokenizer, run_stage(compose_config(args))
+
+
+def test_the_pipeline_runs_on_real_checkpoints_without_a_tiny_world(real):
+    tmp, _, out = real
+    assert [s["stage"] for s in out.details["stages"]] == ["trajectories", "distill", "evaluate"]
+    assert not (tmp / "runs" / "world").exists()
+    records = json.loads((out.details["report"].folder / "results.json").read_text())["records"]
+    assert {"vanilla", "ar_draft", "base", "streak"} <= {r["method"] for r in records}
+    assert all(r["lossless"] for r in records) and {r["benchmark"] for r in records} == {"gsm8k"}
+
+
+def test_trajectories_hold_every_turn_through_the_verifiers_chat_template(real):
+    tmp, tokenizer, _ = real
+    (folder,) = (tmp / "runs" / "real" / "trajectories").iterdir()
+    first = load_trajectories(folder / "shards")[0]
+    chat = [{"role": r, "content": c} for q, a in CHATS[0] for r, c in (("user", q), ("assistant", a))][:-1]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert first["prompt_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert read_manifest(folder).status == "complete"
+
+
+def test_the_distilled_drafter_is_a_drop_in_transformers_checkpoint(real):
+    tmp, _, _ = real
+    (run,) = (tmp / "runs" / "real" / "distill").iterdir()
+    export = run / "drafter"
+    source = json.loads((tmp / "drafter" / "config.json").read_text())
+    assert json.loads((export / "config.json").read_text()) == source  # every key, nothing rewritten
+    assert (export / "tokenizer.json").is_file() and (export / "streakline.json").is_file()
+    trained = transformers.AutoModelForCausalLM.from_pretrained(export).eval()
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp / "drafter").eval()
+    ids = torch.tensor([[5, 17, 42, 7]])
+    with torch.no_grad():
+        assert not torch.equal(trained(ids).logits, base(ids).logits)  # trained, and loadable as the original
