@@ -122,31 +122,12 @@ class ConversationSet:
     n_duplicates: int  # rows whose prompt repeated an earlier one
 
 
-def load_conversations(
-    source: str | Path,
-    *,
-    fields: Mapping[str, str] | None = None,
-    split: str | None = None,
-    limit: int | None = None,
-    layout: str | None = None,
-    config: str | None = None,
-    dedupe: bool = True,
-    skip_invalid: bool | None = None,
-) -> list[dict[str, Any]]:
-    """Records ``{"id", "messages", "prompt", "reference", "domain"}`` of ``source``, at most ``limit`` of them.
-
-    See ``load_conversation_set`` for the arguments; this drops the counts after logging them.
+def load_conversations(source: str | Path, **options: Any) -> list[dict[str, Any]]:
+    """Records ``{"id", "messages", "prompt", "reference", "domain"}`` of ``source``; ``options`` are
+    ``load_conversation_set``'s (fields, split, limit, layout, config, dedupe, skip_invalid). This drops the counts
+    after logging them.
     """
-    result = load_conversation_set(
-        source,
-        fields=fields,
-        split=split,
-        limit=limit,
-        layout=layout,
-        config=config,
-        dedupe=dedupe,
-        skip_invalid=skip_invalid,
-    )
+    result = load_conversation_set(source, **options)
     log.info(
         "%s: %d conversations (%s layout) from %d rows; %d duplicate prompts dropped, %d invalid rows skipped",
         result.source,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .checkpoint import CheckpointError, folder_family, load_pretrained, read_config
-from .config import TransformerConfig
+from .config import SHAPE_FIELDS, TransformerConfig
 from .placement import place, plan_for, resolve_devices
 from .transformer import Transformer
 
@@ -64,21 +64,7 @@ def arch_config(preset: Any) -> TransformerConfig:
     return TransformerConfig(**fields, **_behaviour(preset))
 
 
-_ARCH_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "rope_theta",
-    "rms_norm_eps",
-    "qkv_bias",
-    "qk_norm",
-    "tie_embeddings",
-    "max_position_embeddings",
-)
+_ARCH_KEYS = ("vocab_size", *SHAPE_FIELDS, "rope_theta", "rms_norm_eps", "max_position_embeddings")
 
 
 def _behaviour(preset: Any) -> dict:

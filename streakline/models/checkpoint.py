@@ -43,7 +43,7 @@ import torch
 
 from streakline.errors import UserError
 
-from .config import FAMILIES, FamilySpec, TransformerConfig
+from .config import FAMILIES, SHAPE_FIELDS, FamilySpec, TransformerConfig
 from .transformer import Transformer
 
 
@@ -406,19 +406,6 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msg
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # what models/tokenizer.has_tokenizer looks for
 PROVENANCE_NAME = "streakline.json"
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-# The fields that fix tensor shapes (vocab_size aside): a model that differs from the source in one of them is not
-# that checkpoint retrained, and the source's config.json would describe it wrongly.
-_SHAPE_FIELDS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_layers",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "qkv_bias",
-    "qk_norm",
-    "tie_embeddings",
-)
 
 
 def export_like(
@@ -446,7 +433,9 @@ def export_like(
         )
     cfg = model.config
     src = read_config(source, cfg.family)
-    wrong = [f for f in _SHAPE_FIELDS if getattr(src, f) != getattr(cfg, f)]
+    # a model that differs from the source in a shape (vocab_size aside) is not that checkpoint retrained, and the
+    # source's config.json would describe it wrongly
+    wrong = [f for f in SHAPE_FIELDS if getattr(src, f) != getattr(cfg, f)]
     if wrong:
         raise CheckpointError(
             f"{source} is not the checkpoint this model was loaded from: its {wrong[0]} is {getattr(src, wrong[0])}, "

@@ -20,6 +20,20 @@ from typing import Any
 ATTENTION_MODES = ("causal", "full", "prefix_causal", "block_causal")
 
 
+# The TransformerConfig fields that fix tensor shapes besides vocab_size.
+SHAPE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "qkv_bias",
+    "qk_norm",
+    "tie_embeddings",
+)
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """What a model family's Hugging Face checkpoint looks like; ``checkpoint.py`` reads and writes folders by it."""
