@@ -103,3 +103,52 @@ def test_the_distilled_drafter_is_a_drop_in_transformers_checkpoint(real):
     ids = torch.tensor([[5, 17, 42, 7]])
     with torch.no_grad():
         assert not torch.equal(trained(ids).logits, base(ids).logits)  # trained, and loadable as the original
+
+
+def _into_hub_cache(cache: Path, repo_id: str, folder: Path) -> None:
+    """Lay ``folder`` out as ``huggingface-cli download repo_id`` leaves it in the hub cache (refs/main -> a
+    snapshot), which ``snapshot_download(local_files_only=True)`` resolves."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(folder, repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+
+
+def test_hub_presets_resolve_from_the_local_cache_in_every_stage(real, tmp_path):
+    """model=diffucoder with no paths: the verifier and drafter (weights and tokenizer) come from the local Hugging
+    Face cache, as after huggingface-cli download, through trajectories, distill and evaluate."""
+    import os
+    import subprocess
+    import sys
+
+    tmp, _, _ = real
+    cache = tmp_path / "hub"
+    _into_hub_cache(cache, "Qwen/Qwen2.5-14B-Instruct", tmp / "verifier")
+    _into_hub_cache(cache, "apple/DiffuCoder-7B-Instruct", tmp / "drafter")
+    args = [
+        "stage=pipeline", "experiment=real", "model=diffucoder", f"run_root={tmp_path / 'runs'}",
+        "model.verifier.dtype=float32", "model.drafter.dtype=float32", "model.drafter.gamma=4",
+        f"data.prompt_sources=[conversations@{tmp / 'chats.jsonl'}]", "data.max_prompts=3", "data.max_new_tokens=8",
+        "data.num_shards=1", "trainer.max_steps=1", "trainer.save_every=1", "trainer.eval_every=1",
+        "trainer.micro_batch_size=2", "trainer.warmup_steps=1", "trainer.windows_per_seq=2",
+        "trainer.wandb_project=null",
+        f"trainer.eval_sources=[gsm8k@{tmp / 'gsm8k.jsonl'}]", "trainer.eval_prompts=1",
+        f"settings.evaluate.benchmarks=[gsm8k@{tmp / 'gsm8k.jsonl'}]", "settings.evaluate.prompts=1",
+        "settings.evaluate.max_new_tokens=6", "settings.evaluate.temperatures=[0.0]", "settings.evaluate.k_grid=[1]",
+        "settings.evaluate.drafter_temperature_grid=[1.0]",
+    ]  # fmt: skip
+    env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, str(root / "launch.py"), *args], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs" / "real" / "distill").iterdir()
+    assert json.loads((run / "drafter" / "streakline.json").read_text())["source"].startswith(str(cache))
+    assert (run / "drafter" / "tokenizer.json").is_file()  # the cached drafter's tokenizer went with the export
+    # without the cache, the same command names the download
+    env["HF_HUB_CACHE"] = str(tmp_path / "empty")
+    missing = subprocess.run([sys.executable, str(root / "launch.py"), *args], cwd=root, env=env,
+                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert missing.returncode == 2 and "huggingface-cli download Qwen/Qwen2.5-14B-Instruct" in missing.stderr
