@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections import Counter
@@ -314,14 +315,17 @@ def hf_config(cfg: TransformerConfig, family: str, dtype: torch.dtype) -> dict:
 
 
 def _temp_folder(folder: Path) -> Path:
-    """A fresh folder beside ``folder`` to write an export into before it is swapped into place, with the
-    permissions a plain ``mkdir`` would give (mkdtemp's 0700 would hide every export from the rest of a team)."""
+    """A fresh folder beside ``folder`` to write an export into before it is swapped into place: a plain ``mkdir``
+    (the team can read it; mkdtemp's 0700 would hide every export), named as ``artifacts.sweep_temp_files`` expects,
+    so what a killed export leaves is swept when its stage starts again."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)
-    return tmp
+    while True:
+        tmp = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:  # another writer drew the same 32 bits: draw again
+            continue
 
 
 def save_pretrained(

@@ -217,3 +217,16 @@ def test_an_export_is_readable_by_the_team_as_a_plain_folder_would_be(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755  # not mkdtemp's 0700
+
+
+def test_what_a_killed_export_leaves_is_swept_when_its_stage_starts_again(tmp_path):
+    from streakline.artifacts import sweep_temp_files
+    from streakline.models import Transformer, save_pretrained
+    from streakline.models.checkpoint import _temp_folder
+    from tests.models.helpers import tiny_config
+
+    left = _temp_folder(tmp_path / "checkpoints" / "step-000006")  # a kill between writing and swapping in
+    (left / "model.safetensors").write_bytes(b"half")
+    save_pretrained(Transformer(tiny_config("qwen2")).init_weights(seed=0), tmp_path / "checkpoints" / "step-000003")
+    assert sweep_temp_files(tmp_path) == 1
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000003"]
