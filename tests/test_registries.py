@@ -89,9 +89,10 @@ def _block_rules():
 
 
 def _benchmarks():
-    from streakline.data.benchmarks import benchmark_names
+    """Every name a prompt source may start with: benchmarks, conversation presets, conversations@..."""
+    from streakline.data.sources import source_names
 
-    return benchmark_names()
+    return source_names()
 
 
 # schema tuple name -> the registry whose names it must equal
@@ -174,7 +175,7 @@ def _check_value(where: str, key: str, value, choices: dict[str, set[str]]) -> l
         from streakline.data.benchmarks import parse_source
 
         bad = [v for v in value if isinstance(v, str) and parse_source(v)[0] not in choices["benchmark"]]
-        return [f"{where}: {bad} are not registered benchmarks (data/benchmarks.py)"] if bad else []
+        return [f"{where}: {bad} are not registered prompt sources (data/sources.py)"] if bad else []
     if key in KEY_CHOICES and isinstance(value, str) and value not in choices[key]:
         return [f"{where}: {value!r} is not a registered {key}; valid: {sorted(choices[key])}"]
     return []
