@@ -152,3 +152,47 @@ def test_hub_presets_resolve_from_the_local_cache_in_every_stage(real, tmp_path)
     missing = subprocess.run([sys.executable, str(root / "launch.py"), *args], cwd=root, env=env,
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert missing.returncode == 2 and "huggingface-cli download Qwen/Qwen2.5-14B-Instruct" in missing.stderr
+
+
+def _tokenizer_without_mask(folder: Path) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE with an end-of-text and a pad token but no mask token, as an AR model's tokenizer has."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from streakline.data.tokenizer import CHAT_TEMPLATE
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=290, special_tokens=["<|endoftext|>", "<|pad|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator([f"{r['question']}\n{r['solution']}" for r in math_texts("train", 200, seed=0)], trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>", chat_template=CHAT_TEMPLATE
+    )
+    fast.save_pretrained(folder)
+    return fast
+
+
+def test_distill_adds_the_mask_token_an_ar_checkpoint_lacks_and_the_export_carries_it(real, tmp_path):
+    tmp = real[0]
+    tokenizer = _tokenizer_without_mask(tmp_path / "tokenizer")
+    assert "<|mask|>" not in tokenizer.get_vocab()
+    verifier = _checkpoint(tmp_path / "verifier", tokenizer, seed=0)
+    drafter = _checkpoint(tmp_path / "drafter", tokenizer, seed=1)
+    args = [
+        "stage=pipeline", "experiment=real", "experiment.stages=[trajectories,distill]", "model=diffucoder",
+        f"run_root={tmp_path / 'runs'}", f"model.verifier.path={verifier}", f"model.drafter.path={drafter}",
+        "model.verifier.dtype=float32", "model.drafter.dtype=float32", "model.drafter.gamma=4",
+        f"data.prompt_sources=[conversations@{tmp / 'chats.jsonl'}]", "data.max_prompts=3", "data.max_new_tokens=8",
+        "data.num_shards=1", "trainer.max_steps=1", "trainer.save_every=1", "trainer.eval_every=1",
+        "trainer.micro_batch_size=2", "trainer.warmup_steps=1", "trainer.windows_per_seq=2",
+        "trainer.wandb_project=null", "trainer.eval_sources=[]", "settings.evaluate.benchmarks=[]",
+    ]  # fmt: skip
+    run_stage(compose_config(args))
+    (run,) = (tmp_path / "runs" / "real" / "distill").iterdir()
+    export = run / "drafter"
+    assert json.loads((export / "config.json").read_text())["vocab_size"] == len(tokenizer) + 1  # one row more
+    saved = transformers.AutoTokenizer.from_pretrained(export)
+    assert saved.get_vocab()["<|mask|>"] == len(tokenizer) and saved.mask_token == "<|mask|>"
+    grown = transformers.AutoModelForCausalLM.from_pretrained(export)
+    assert grown.get_input_embeddings().weight.shape[0] == len(tokenizer) + 1
