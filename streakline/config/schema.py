@@ -321,6 +321,10 @@ class EvalMethodConfig:
     prune: int | None = None
     prefix_mass_floor: float | None = None
     artifact: str | None = None
+    grid: bool = False  # a point of the Fig. 5 K x drafter-temperature grid
+    distill_loss: str | None = None  # the loss the drafter was distilled with: Fig. 7 draws one line per loss
+    temperature: float | None = None  # evaluate at this verifier temperature only; None: every stage.temperatures
+    curve: bool = False  # an intermediate checkpoint: a Fig. 7 point only (left out of Table 2 and Fig. 2)
 
 
 @dataclass

@@ -84,3 +84,17 @@ def test_a_renamed_key_still_works_for_one_release(capsys):
     cfg = compose_config(["decoder=spot", "decoder.gamma_floor=0.02"])
     assert cfg.decoder.prefix_mass_floor == 0.02
     assert "decoder.gamma_floor= is now decoder.prefix_mass_floor=" in capsys.readouterr().err
+
+
+def test_an_evaluate_methods_entry_can_set_everything_a_discovered_row_has():
+    """settings.evaluate.methods rows and discovered rows are the same EvalMethod: an explicit list can reproduce a
+    Fig. 7 curve point or a Fig. 5 grid point (distill_loss, temperature, curve, grid), not only plain rows."""
+    from streakline.config.schema import EvalMethodConfig
+    from streakline.evaluation.methods import EvalMethod
+
+    assert {f.name for f in dataclasses.fields(EvalMethodConfig)} == {f.name for f in dataclasses.fields(EvalMethod)}
+    row = "{name: streak@60, decoder: diffusion_draft, drafter: /r/checkpoints/step-000060, steps: 60, " \
+          "distill_loss: streak, temperature: 0.0, curve: true}"  # fmt: skip
+    cfg = compose_config(["stage=evaluate", f"stage.methods=[{row}]"])
+    got = EvalMethod.from_config(cfg.stage.methods[0])
+    assert (got.distill_loss, got.temperature, got.curve, got.steps) == ("streak", 0.0, True, 60)
