@@ -54,6 +54,17 @@ def check_room(nbytes: int, device: torch.device | str, what: str, fix: str) -> 
         )
 
 
+def device_runs(devices) -> list[tuple[int, int, torch.device]]:
+    """``(first layer, end layer, device)`` of each run of consecutive layers on one device, in layer order."""
+    runs: list[tuple[int, int, torch.device]] = []
+    for i, d in enumerate(devices):
+        if runs and runs[-1][2] == d:
+            runs[-1] = (runs[-1][0], i + 1, d)
+        else:
+            runs.append((i, i + 1, d))
+    return runs
+
+
 class KVCache:
     def __init__(
         self,
@@ -72,16 +83,12 @@ class KVCache:
         devices = [torch.device(d) for d in (layer_devices or [device] * num_layers)]
         if len(devices) != num_layers:
             raise ValueError(f"layer_devices names {len(devices)} devices for {num_layers} layers")
+        runs = device_runs(devices)
         # segments: (first layer, device); _where[layer] = (segment, layer within it)
-        self.segments: list[tuple[int, torch.device]] = []
-        self._where: list[tuple[int, int]] = []
-        for i, d in enumerate(devices):
-            if not self.segments or self.segments[-1][1] != d:
-                self.segments.append((i, d))
-            self._where.append((len(self.segments) - 1, i - self.segments[-1][0]))
-        counts = [sum(1 for s, _ in self._where if s == k) for k in range(len(self.segments))]
-        self.ks = [torch.zeros((n, batch_size, num_kv_heads, capacity, head_dim), dtype=dtype, device=d)
-                   for n, (_, d) in zip(counts, self.segments, strict=True)]  # fmt: skip
+        self.segments = [(start, d) for start, _, d in runs]
+        self._where = [(s, i - start) for s, (start, end, _) in enumerate(runs) for i in range(start, end)]
+        self.ks = [torch.zeros((end - start, batch_size, num_kv_heads, capacity, head_dim), dtype=dtype, device=d)
+                   for start, end, d in runs]  # fmt: skip
         self.vs = [torch.zeros_like(k) for k in self.ks]
         self.pos = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
@@ -109,9 +116,11 @@ class KVCache:
         cfg = model.config
         p = next(model.parameters())
         layer_devices = getattr(model, "layer_devices", None)
-        for d in sorted(set(layer_devices or [p.device]), key=str):
-            layers = sum(1 for x in (layer_devices or [p.device] * cfg.num_layers) if x == d)
-            nbytes = 2 * layers * batch_size * cfg.num_kv_heads * capacity * cfg.head_dim * p.element_size()
+        layers: dict[torch.device, int] = {}  # per device, over all its runs
+        for start, end, d in device_runs(layer_devices or [p.device] * cfg.num_layers):
+            layers[d] = layers.get(d, 0) + end - start
+        for d, n in layers.items():
+            nbytes = 2 * n * batch_size * cfg.num_kv_heads * capacity * cfg.head_dim * p.element_size()
             check_room(
                 nbytes, d, f"a KV cache of {batch_size} rows x {capacity} positions",
                 "lower decoder.batch_size (rows decoded together) or decoder.max_new_tokens",

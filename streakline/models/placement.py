@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import TransformerConfig
-from .kv_cache import GIB, free_bytes
+from .kv_cache import GIB, device_runs, free_bytes
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,11 @@ class Plan:
     edge_bytes: int  # the embedding or the read-out matrix
 
     def describe(self) -> str:
-        runs, start = [], 0
-        for i in range(1, len(self.layer_devices) + 1):
-            if i == len(self.layer_devices) or self.layer_devices[i] != self.layer_devices[start]:
-                n = i - start
-                edges = (start == 0) + (i == len(self.layer_devices))
-                gb = (n * self.layer_bytes + edges * self.edge_bytes) / 1e9
-                runs.append(f"layers {start}-{i - 1} on {self.layer_devices[start]} ({gb:.1f} GB)")
-                start = i
+        runs = []
+        for start, end, device in device_runs(self.layer_devices):
+            edges = (start == 0) + (end == len(self.layer_devices))
+            gb = ((end - start) * self.layer_bytes + edges * self.edge_bytes) / 1e9
+            runs.append(f"layers {start}-{end - 1} on {device} ({gb:.1f} GB)")
         return ", ".join(runs)
 
 
