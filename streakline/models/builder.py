@@ -78,13 +78,9 @@ def _behaviour(preset: Any) -> dict:
 
 
 def _tokenizer_id(folder, token: str) -> int | None:
-    from .tokenizer import has_tokenizer
+    from .tokenizer import has_tokenizer, load_tokenizer
 
-    if not has_tokenizer(folder):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder)).get_vocab().get(token)
+    return load_tokenizer(folder).get_vocab().get(token) if has_tokenizer(folder) else None
 
 
 def build(

@@ -89,15 +89,13 @@ def is_main_rank() -> bool:
 
 def run_stage_object(stage: Stage, cfg: DictConfig) -> StageResult:
     """Run ``stage`` on ``cfg`` (validated, paths absolute) the way every stage runs; see the module docstring."""
+    check_run_root(cfg.run_root)  # before any work: the world and every run folder live there
     if stage.needs_world:
         from streakline.world import attach_world
 
-        check_run_root(cfg.run_root)
         attach_world(cfg, roles=stage.uses(cfg))
     stage.check(cfg)
     key = stage.key(cfg)
-    if key is not None:
-        check_run_root(cfg.run_root)
     if key is None:
         result = stage.run(cfg, None)
     else:

@@ -114,8 +114,9 @@ def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
         "spiffy": _trace_settings(cfg),
         "recipe": SPIFFY_RECIPE,
     }
-    if _prompt_format(cfg, tokenizer) != "prompt_text":  # graphs from before the choice existed keep their folders
-        key["prompt_format"] = _prompt_format(cfg, tokenizer)
+    prompt_format = _prompt_format(cfg, tokenizer)
+    if prompt_format != "prompt_text":  # graphs from before the choice existed keep their folders
+        key["prompt_format"] = prompt_format
     return key
 
 

@@ -28,9 +28,8 @@ def role_tokenizer(cfg: DictConfig, role: str):
     Face cache's copy of ``hub_id``), or None if it has none (a from-scratch preset). A hub preset that is not cached
     is a CheckpointError with the download command, the same message every stage gives for its weights."""
     node = cfg.model[role]
-    folder = node.tokenizer or node.path
-    if folder is None and node.get("hub_id"):
-        folder = str(locate(node, role))
+    weights = locate(node, role)  # the checkpoint folder (a hub preset's in the local cache); None: from scratch
+    folder = node.tokenizer or (str(weights) if weights is not None else None)
     if node.tokenizer is not None and not Path(node.tokenizer).exists():
         raise ConfigError(f"model.{role}.tokenizer={node.tokenizer} does not exist; point it at a tokenizer folder")
     if folder is not None and not has_tokenizer(folder):
@@ -47,7 +46,6 @@ def role_tokenizer(cfg: DictConfig, role: str):
                 "or pass raw ids with prompt_ids=[...]"
             )
         return None
-    weights = node.path or (locate(node, role) if node.get("hub_id") else None)
     # the checkpoint's config first: a damaged config.json is then named as such, not as a tokenizer problem
     rows = None if weights is None else read_config(weights, node.get("family")).vocab_size
     tokenizer = load_tokenizer(folder)
@@ -74,16 +72,15 @@ def role_eos(cfg: DictConfig, role: str, tokenizer, single: bool = False) -> int
     first id only, for the block-diffusion decoders, which take one."""
     import json
 
-    node = cfg.model[role]
-    folder = node.path or (locate(node, role) if node.get("hub_id") else None)
+    folder = locate(cfg.model[role], role)
     eos = None
-    for name in ("generation_config.json", "config.json"):
-        path = Path(folder, name) if folder is not None else None
-        if eos is None and path is not None and path.is_file():
-            try:
-                eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-            except ValueError:
-                eos = None  # a damaged file: loading the checkpoint names it
+    for name in ("generation_config.json", "config.json") if folder is not None else ():
+        try:
+            eos = json.loads((folder / name).read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError):
+            eos = None  # absent, or damaged (loading the checkpoint names that)
+        if eos is not None:
+            break
     if eos is None and tokenizer is not None:
         eos = tokenizer.eos_token_id
     if single and isinstance(eos, list):
