@@ -8,7 +8,6 @@ Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoin
 from .builder import build, locate
 from .checkpoint import (
     CheckpointError,
-    export_like,
     load_pretrained,
     read_config,
     save_pretrained,
@@ -16,6 +15,7 @@ from .checkpoint import (
     weight_names,
 )
 from .config import ATTENTION_MODES, FAMILIES, FamilySpec, TransformerConfig
+from .export import export_like
 from .kv_cache import KVCache
 from .transformer import Transformer
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from streakline.models import CheckpointError, Transformer, load_pretrained, save_pretrained
-from streakline.models.checkpoint import PROVENANCE_NAME, export_like
+from streakline.models.export import PROVENANCE_NAME, export_like
 from streakline.models.tokenizer import add_mask_token, load_tokenizer, tokenizer_hash
 from tests.models.helpers import tiny_config
 
