@@ -54,6 +54,7 @@ from streakline.decoding.drafters import ARDrafter, DiffusionDrafter
 from streakline.decoding.speculative import SpecConfig, generate
 from streakline.models import build
 from streakline.models.tokenizer import load_tokenizer
+from streakline.pipelines.common.roles import device as default_device
 from streakline.world import attach_world
 
 BENCHMARKS = ("tiny-math", "tiny-code")
@@ -276,7 +277,7 @@ def main() -> None:
     wall = time.perf_counter()
 
     cfg = compose_config(["stage=decode", "model=tiny", "prompt=x"])
-    attach_world(cfg, progress=False)
+    attach_world(cfg, progress=False, device=default_device())
     tok = load_tokenizer(cfg.model.verifier.tokenizer)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     verifier = build(cfg.model.verifier, "verifier", device=args.device, dtype=dtype).eval()

@@ -33,6 +33,7 @@ from streakline.decoding.vanilla import greedy_generate
 from streakline.models import build, load_pretrained
 from streakline.models.tokenizer import load_tokenizer
 from streakline.pipelines import run_stage
+from streakline.pipelines.common.roles import device
 from streakline.world import attach_world
 
 METHODS = [
@@ -69,7 +70,7 @@ def main() -> None:
     ]
     t0 = time.perf_counter()
     run_stage(compose_config(["stage=trajectories", *base]))
-    cfg = attach_world(compose_config(["stage=distill", *base]), progress=False)
+    cfg = attach_world(compose_config(["stage=distill", *base]), progress=False, device=device())
     tok = load_tokenizer(cfg.model.verifier.tokenizer)
     verifier = build(cfg.model.verifier, "verifier").eval()
     gamma = cfg.model.drafter.gamma

@@ -35,6 +35,7 @@ from streakline.decoding.vanilla import left_pad
 from streakline.models import KVCache, build
 from streakline.pipelines import run_stage
 from streakline.pipelines.common.prompts import encode
+from streakline.pipelines.common.roles import device as default_device
 from streakline.pipelines.common.roles import role_tokenizer
 from streakline.world import attach_world
 
@@ -51,12 +52,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     cfg = compose_config(["stage=decode", f"model={args.model}"])
-    attach_world(cfg)
+    attach_world(cfg, device=default_device())
     run_stage(compose_config(["stage=spot", f"model={args.model}"]))  # cached when already built
     from streakline.pipelines.common.lookup import locate_graph as spiffy_graph
     from streakline.pipelines.common.lookup import locate_order_model as spot_model
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     target = build(cfg.model.target, "target", device=device).eval()
     tok = role_tokenizer(cfg, "target")
     prompts = [

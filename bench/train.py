@@ -311,9 +311,10 @@ def _rank0_tokens(overrides: list[str], steps: int, world: int) -> list[int]:
     """Labelled tokens of rank 0's micro-batch at each step: batch ``s * world`` of the window stream (trainer.py)."""
     from streakline.data.trajectories import load_trajectories
     from streakline.pipelines.common.lookup import trajectories_dir
+    from streakline.pipelines.common.roles import device
     from streakline.world import attach_world
 
-    cfg = attach_world(compose_config(["stage=distill", *overrides]), progress=False)
+    cfg = attach_world(compose_config(["stage=distill", *overrides]), progress=False, device=device())
     mask_id = build(cfg.model.drafter, "drafter").config.mask_token_id
     windows = TrajectoryWindows(
         load_trajectories(trajectories_dir(cfg)),

@@ -87,9 +87,13 @@ def mdm_window_loss(
     (t = 1), the one-step drafting situation. Returns (loss, slot accuracy on masked slots).
     """
     B, T = ids.shape
+    # Offsets and noise are drawn on the generator's device (the CPU: the same draws on every machine), then moved
+    # to ids' device (pack_windows checks the offsets where they are drawn, then moves them).
     offsets = window_offsets(B, windows, T, width, generator)
     rate, masked = _window_noise((B, windows, width), generator, full=full_mask, full_share=full_share)
-    labels = torch.gather(ids, 1, (offsets[:, :, None] + torch.arange(width)).flatten(1)).view(B, windows, width)
+    rate, masked = rate.to(ids.device), masked.to(ids.device)
+    positions = offsets.to(ids.device)[:, :, None] + torch.arange(width, device=ids.device)
+    labels = torch.gather(ids, 1, positions.flatten(1)).view(B, windows, width)
     fill = torch.where(masked, torch.full_like(labels, mask_id), labels)
     packed = pack_windows(ids, offsets, width, mask_id, shift=model.config.shift, fill=fill)
     hidden = model.hidden(packed.input_ids, position_ids=packed.position_ids, attn_mask=packed.attn_mask)

@@ -130,8 +130,8 @@ def pack_windows(
     B, T = clean.shape
     W = width
     device = clean.device
+    _check_offsets(offsets, B, T, shift)  # where they are (CPU offsets for a GPU batch: no device sync)
     offsets = offsets.to(device)
-    _check_offsets(offsets, B, T, shift)
     K = offsets.shape[1]
 
     if pad_valid is not None:

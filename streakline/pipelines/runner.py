@@ -93,7 +93,9 @@ def run_stage_object(stage: Stage, cfg: DictConfig) -> StageResult:
     if stage.needs_world:
         from streakline.world import attach_world
 
-        attach_world(cfg, roles=stage.uses(cfg))
+        from .common.roles import device
+
+        attach_world(cfg, roles=stage.uses(cfg), device=device())  # a world built now trains on the GPU if any
     stage.check(cfg)
     key = stage.key(cfg)
     if key is None:

@@ -66,7 +66,8 @@ class Spot(Stage):
 
         s = cfg.stage
         tokenizer = required_tokenizer(cfg, "target", self.name)
-        target = block_target(cfg, self.name, device())
+        where = device()  # the GPU when there is one: the traces and the order model's training
+        target = block_target(cfg, self.name, where)
         L = target.config.block_size
         if L > s.max_block:
             raise ConfigError(f"the target's block size {L} exceeds stage.max_block={s.max_block}; raise it")
@@ -86,7 +87,7 @@ class Spot(Stage):
             rule=s.rule, threshold=float(s.threshold) if s.rule == "threshold" else None,
         )  # fmt: skip
         train_cfg = SpotTrainConfig(steps=s.steps, batch_size=s.train_batch, lr=s.lr, seed=s.seed)
-        model, fit = train_order_model(train, heldout, model_cfg, train_cfg)
+        model, fit = train_order_model(train, heldout, model_cfg, train_cfg, device=where)
         model.save(stage_run.add_output(ORDER_MODEL))
         metrics = {
             "heldout": fit["heldout"],

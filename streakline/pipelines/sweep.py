@@ -35,6 +35,7 @@ from streakline.world import attach_world
 
 from .common.lookup import distill_checkpoints, distill_runs, stage_overrides
 from .common.prompts import evaluation_inputs
+from .common.roles import device
 from .runner import Stage, StageResult
 
 STAGE_NAME = "sweep"
@@ -51,7 +52,7 @@ class Sweep(Stage):
             print(f"sweep: distill {entry}")
             run_stage(compose_config(stage_overrides(cfg, f"distill {entry}")[1]))
         # the evaluation's settings are stage=evaluate's (settings.evaluate.*), at this sweep's one temperature
-        evaluation = attach_world(compose_config(stage_overrides(cfg, "evaluate")[1]))
+        evaluation = attach_world(compose_config(stage_overrides(cfg, "evaluate")[1]), device=device())
         evaluation.stage.temperatures = [cfg.stage.temperature]
         path = history_path(cfg)
         history = read_history(path)

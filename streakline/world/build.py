@@ -17,6 +17,11 @@ Recipe (sizes, steps and learning rates come from ``conf/model/<world>.yaml``):
   5. the sanity report (``report.json``, ``world/report.py``): held-out loss/accuracy, the drafter's simulated
      streak against the verifier's greedy continuations, the target's forwards per token under static and
      threshold decoding.
+
+Device: the stages pass ``pipelines.common.roles.device()`` (the GPU when there is one; the default here is the
+CPU). Every model is initialised on the CPU under its seed and then moved, and every batch, window offset and noise
+draw comes from a CPU generator and is then moved, so a run sees the same data and starts from the same weights on
+every machine; on the CPU nothing moves, and a build is bit for bit what it was before there was a GPU path.
 """
 
 from __future__ import annotations
@@ -84,8 +89,9 @@ def world_config(cfg: DictConfig) -> DictConfig:
     return out
 
 
-def ensure_world(cfg: DictConfig, progress: bool = True) -> Path:
-    """The folder of the world ``cfg.model`` describes: reused when intact, (re)built otherwise."""
+def ensure_world(cfg: DictConfig, progress: bool = True, device: str | torch.device = "cpu") -> Path:
+    """The folder of the world ``cfg.model`` describes: reused when intact, (re)built otherwise (trained on
+    ``device``; the world's key does not depend on it)."""
     key = world_key(cfg)
     digest = config_hash(key)
     found = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, digest)
@@ -94,10 +100,12 @@ def ensure_world(cfg: DictConfig, progress: bool = True) -> Path:
         if problem is None:
             return found
         print(f"bootstrap: the cached world at {found} is damaged ({problem}); rebuilding it")
-    return _build(cfg, key, progress)
+    return _build(cfg, key, progress, torch.device(device))
 
 
-def attach_world(cfg: DictConfig, progress: bool = True, roles: tuple[str, ...] = ROLES) -> DictConfig:
+def attach_world(
+    cfg: DictConfig, progress: bool = True, roles: tuple[str, ...] = ROLES, device: str | torch.device = "cpu"
+) -> DictConfig:
     """Point each role of a built world at its checkpoint (and tokenizer) folder, building the world if needed.
 
     Roles given a ``path`` on the command line (``model=tiny model.drafter.path=runs/.../drafter``) keep it: the
@@ -108,6 +116,7 @@ def attach_world(cfg: DictConfig, progress: bool = True, roles: tuple[str, ...] 
 
     ``roles``: the roles the stage loads. When each of them has a ``path``, the world is not built for them (it is
     still used, if already built, for the tokenizer). Presets without a world pass through untouched.
+    ``device``: where a world that must be built trains (the stages pass ``roles.device()``).
     """
     if cfg.model.world is None:
         return cfg
@@ -116,7 +125,7 @@ def attach_world(cfg: DictConfig, progress: bool = True, roles: tuple[str, ...] 
     if all(cfg.model[role].path is not None for role in roles):
         folder = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, config_hash(world_key(world)))
     else:
-        folder = ensure_world(world, progress)
+        folder = ensure_world(world, progress, device)
     for role in ROLES:
         node = cfg.model[role]
         if node.path is None:
@@ -162,7 +171,7 @@ def _damage(folder: Path) -> str | None:
     return None
 
 
-def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
+def _build(cfg: DictConfig, key: dict[str, Any], progress: bool, device: torch.device) -> Path:
     world = cfg.model.world
     torch.manual_seed(world.seed)
     stale = Path(cfg.run_root) / WORLD_EXPERIMENT / STAGE / config_hash(key)
@@ -172,7 +181,7 @@ def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
     with StageRun(cfg.run_root, WORLD_EXPERIMENT, STAGE, key) as run:
         out = run.dir
         metrics_path = out / "metrics.jsonl"
-        print(f"bootstrap: building the {cfg.model.name} world in {out}")
+        print(f"bootstrap: building the {cfg.model.name} world in {out} (on {device.type})")
 
         t = time.perf_counter()
         code_train = [d["text"] for d in _limited(code_texts("train"), world.max_code_files)]
@@ -195,13 +204,15 @@ def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
         for i, role in enumerate(ROLES):
             t = time.perf_counter()
             pcfg = world[role]
+            # initialised on the CPU under the seed (the same start on every machine), then moved
             model = build(cfg.model[role], role, dtype="float32", seed=world.seed + i)
             if pcfg.init_from is not None:  # e.g. the target from the verifier: AR weights, block-diffusion training
                 model.load_state_dict(models[pcfg.init_from].state_dict())
+            model.to(device)
             model.config.mask_token_id = mask_id
             model.config.eos_token_id = tokenizer.eos_token_id
             model.config.pad_token_id = tokenizer.pad_token_id
-            gen = torch.Generator().manual_seed(world.seed * 1000 + i)
+            gen = torch.Generator().manual_seed(world.seed * 1000 + i)  # on the CPU: the same data everywhere
             step_loss = _objective(role, world, mask_id, gen)
             evals[role] = pretrain(
                 model,
@@ -209,9 +220,9 @@ def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
                 pcfg=pcfg,
                 next_batch=lambda p=pcfg, g=gen: mixed_batch(
                     streams["train"], [1 - p.math_share, p.math_share], p.batch_size, p.seq_len, g
-                ),
+                ).to(device),
                 step_loss=step_loss,
-                evaluate=_evaluator(role, world, streams["heldout"], mask_id, pcfg),
+                evaluate=_evaluator(role, world, streams["heldout"], mask_id, pcfg, device),
                 metrics_path=metrics_path,
                 progress=progress,
             )
@@ -222,6 +233,7 @@ def _build(cfg: DictConfig, key: dict[str, Any], progress: bool) -> Path:
         report = sanity_report(models, tokenizer, world, evals)
         timings["report"] = time.perf_counter() - t
         report["seconds"] = timings
+        report["device"] = device.type
         report["streakline"] = __version__
         write_json_atomic(out / "report.json", report)
         for name in ("tokenizer", *ROLES, "report.json", "metrics.jsonl"):
@@ -253,8 +265,9 @@ def _objective(role: str, world, mask_id: int, gen: torch.Generator):
     return lambda m, b: block_diffusion_loss(m, b, gen, mask_id=mask_id)
 
 
-def _evaluator(role: str, world, heldout: list[TokenStream], mask_id: int, pcfg):
-    """Held-out metrics per domain, on the same windows (and noise) at every evaluation."""
+def _evaluator(role: str, world, heldout: list[TokenStream], mask_id: int, pcfg, device: torch.device):
+    """Held-out metrics per domain, on the same windows (and noise) at every evaluation; batches drawn on the CPU,
+    evaluated on ``device``."""
 
     def evaluate(model) -> dict[str, float]:
         metrics = {}
@@ -262,7 +275,7 @@ def _evaluator(role: str, world, heldout: list[TokenStream], mask_id: int, pcfg)
             gen = torch.Generator().manual_seed(10_000 + k)
             losses, accs = [], []
             for _ in range(pcfg.eval_batches):
-                batch = stream.sample(pcfg.batch_size, pcfg.seq_len, gen)
+                batch = stream.sample(pcfg.batch_size, pcfg.seq_len, gen).to(device)
                 if role == "verifier":
                     loss, acc = causal_lm_loss(model, batch)
                     losses.append(loss)

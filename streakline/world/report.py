@@ -46,6 +46,7 @@ def sanity_report(models: dict, tokenizer, world, evals: dict[str, list[dict]]) 
             drafter, list(zip(prompts, completions, strict=True)), world.report_gamma, mask_id
         )
         ids, mask = left_pad(prompts, tokenizer.pad_token_id or 0)
+        ids, mask = ids.to(target.embed.weight.device), mask.to(target.embed.weight.device)
         for rule in ("static", "threshold"):
             result = decode_blocks(
                 target,
@@ -81,5 +82,6 @@ def format_report(report: dict[str, Any], folder: Path) -> str:
         parts = ", ".join(f"{rule} {r['forwards_per_token']:.2f}" for rule, r in rules.items())
         lines.append(f"  {name:<10} forwards per generated token: {parts}")
     if "seconds" in report:
-        lines.append("build time: " + ", ".join(f"{k} {v:.0f}s" for k, v in report["seconds"].items()))
+        where = f" on {report['device']}" if "device" in report else ""  # worlds built before it was recorded
+        lines.append(f"build time{where}: " + ", ".join(f"{k} {v:.0f}s" for k, v in report["seconds"].items()))
     return "\n".join(lines)

@@ -139,3 +139,31 @@ def test_a_micro_order_model_beats_the_confidence_ranking_on_a_learnable_order()
     twin, _ = train_order_model(train, None, MICRO, SpotTrainConfig(steps=5, seed=4), progress=False)
     again, _ = train_order_model(train, None, MICRO, SpotTrainConfig(steps=5, seed=4), progress=False)
     assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), again.state_dict().values(), strict=True))
+
+
+def test_the_order_model_trains_on_the_device_it_is_given_from_cpu_draws():
+    """``device`` moves only tensors: on the CPU a run equals one without the argument, bit for bit (the same
+    initialisation, standardisation and batches), and a batch's features are built from the examples on the CPU and
+    handed to the model where it is (``meta`` stands in for a GPU)."""
+    from streakline.alignment.spot.train import _features
+    from streakline.models.order_model import OrderModel
+
+    train = build_examples(_left_to_right_traces(4), horizon=4)
+    cfg = SpotTrainConfig(steps=5, seed=4)
+    plain, _ = train_order_model(train, None, MICRO, cfg, progress=False)
+    placed, _ = train_order_model(train, None, MICRO, cfg, progress=False, device=torch.device("cpu"))
+    pairs = zip(plain.state_dict().values(), placed.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    features, eligible = _features(OrderModel(MICRO).to("meta"), train, torch.arange(3))
+    assert features.device.type == eligible.device.type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_order_model_learns_on_a_gpu():
+    data = build_examples(_left_to_right_traces(24), horizon=4)
+    train, held = split_by_prompt(data, 0.25, seed=0)
+    cfg = SpotTrainConfig(steps=60, batch_size=64, lr=3e-3, seed=0)
+    model, metrics = train_order_model(train, held, MICRO, cfg, progress=False, device="cuda")
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    assert metrics["heldout"]["accuracy"] > 0.95 and evaluate(model, held) == metrics["heldout"]

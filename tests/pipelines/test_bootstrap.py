@@ -14,7 +14,7 @@ from streakline.config import ConfigError, compose_config
 from streakline.models import build
 from streakline.models.tokenizer import load_tokenizer
 from streakline.pipelines import run_stage
-from streakline.world import attach_world, ensure_world
+from streakline.world import attach_world, ensure_world, format_report
 
 
 def _cfg(root, *extra):
@@ -123,3 +123,28 @@ def test_a_role_with_a_path_keeps_its_own_settings_and_the_world_it_was_built_wi
 
     plain = compose_config(["stage=doctor", "model=micro", f"run_root={root}", "model.drafter.mask_token='<|pad|>'"])
     assert world_key(world_config(plain)) != world_key(world_config(cfg))
+
+
+def test_the_stage_builds_the_world_where_roles_device_says(built, monkeypatch):
+    """``stage=bootstrap`` asks ``common.roles.device()`` (the GPU when there is one) where to train, and the world
+    records where it was trained (a rerun is a cache hit: the question is asked, nothing is trained)."""
+    import streakline.pipelines.bootstrap as stage
+    from streakline.pipelines.common.roles import device
+
+    root, _, result = built
+    assert result.metrics["device"] == device()
+    assert f"build time on {device()}" in format_report(result.metrics, result.folder)
+    asked = []
+    monkeypatch.setattr(stage, "device", lambda: asked.append(device()) or asked[-1])
+    assert run_stage(_cfg(root)).folder == result.folder and asked == [device()]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_world_learns_on_a_gpu(tmp_path):
+    from streakline.artifacts import read_manifest
+
+    report = read_manifest(ensure_world(_cfg(tmp_path), progress=False, device="cuda")).metrics["report"]
+    assert report["device"] == "cuda"
+    for role in ("verifier", "drafter", "target"):
+        assert report[role]["heldout"]["code_loss"] < report[role]["start"]["code_loss"], role

@@ -8,7 +8,10 @@ Loss: cross-entropy of the label over the eligible positions (the order model's 
 Before the first step the model's feature standardisation is set from a sample of the training examples.
 Optimiser: AdamW, linear warm-up over the first 5% of steps then cosine decay to 10% of ``lr``, gradient clipping
 at 1. Batches are drawn with replacement by a generator seeded from ``seed``, and the model is initialised under
-that seed too, so a run is deterministic on a given machine and thread count.
+that seed too, so a run is deterministic on a given machine and thread count. ``device``: where the model trains
+(the stage passes ``pipelines.common.roles.device()``); the model is initialised and standardised on the CPU, the
+batch indices come from a CPU generator and the features are built on the CPU, and only tensors move, so a run
+sees the same examples on every machine and the CPU results do not depend on this argument.
 Metric: next-commit accuracy = how often the argmax over eligible positions is the label; the baseline is the
 stale-confidence ranking (``data.confidence_baseline``). Both overall and per depth d.
 Tests: ``python -m pytest tests/alignment/test_spot.py``.
@@ -41,10 +44,12 @@ class SpotTrainConfig:
 
 
 def _features(model: OrderModel, data: SpotExamples, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features and eligibility of ``data[index]``, built where the examples are (the CPU), on the model's device."""
     feats = order_features(
         data.stale(index), data.real[index], data.path[index], data.depth[index], top_k=model.config.top_k
     )
-    return feats, data.eligible[index]
+    where = model.feature_mean.device
+    return feats.to(where), data.eligible[index].to(where)
 
 
 def _lr(step: int, steps: int, lr: float) -> float:
@@ -62,7 +67,7 @@ def predict(model: OrderModel, data: SpotExamples, batch: int = 1024) -> torch.T
     out = []
     for begin in range(0, len(data), batch):
         index = torch.arange(begin, min(begin + batch, len(data)))
-        out.append(model(*_features(model, data, index)).argmax(dim=1))
+        out.append(model(*_features(model, data, index)).argmax(dim=1).cpu())
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)
 
 
@@ -95,9 +100,11 @@ def train_order_model(
     cfg: SpotTrainConfig,
     *,
     progress: bool = True,
+    device: str | torch.device = "cpu",
 ) -> tuple[OrderModel, dict[str, Any]]:
-    """Fit a fresh order model on ``train``; returns it (in eval mode) and metrics: final training loss, seconds,
-    parameter count, and held-out accuracy vs baseline (``heldout`` key; None without held-out examples)."""
+    """Fit a fresh order model on ``train``; returns it (in eval mode, on ``device``) and metrics: final training
+    loss, seconds, parameter count, and held-out accuracy vs baseline (``heldout`` key; None without held-out
+    examples)."""
     if len(train) == 0:
         raise ValueError("no training examples")
     if cfg.steps < 1 or cfg.batch_size < 1:
@@ -111,9 +118,9 @@ def train_order_model(
     # Standardise the features with statistics of (an evenly spaced sample of) the training examples.
     sample = torch.linspace(0, len(train) - 1, min(len(train), cfg.norm_examples)).long()
     model.set_normalisation(_features(model, train, sample)[0])
-    model.train()
+    model.to(device).train()  # initialised and standardised on the CPU: the same start on every machine
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # on the CPU: the same batches on every machine
     bar = tqdm(range(cfg.steps), desc="order model", unit="step", disable=not progress, dynamic_ncols=True)
     ema = None
     for step in bar:
@@ -121,7 +128,7 @@ def train_order_model(
             group["lr"] = _lr(step, cfg.steps, cfg.lr)
         index = torch.randint(0, len(train), (cfg.batch_size,), generator=gen)
         logits = model(*_features(model, train, index))
-        loss = torch.nn.functional.cross_entropy(logits, train.label[index])
+        loss = torch.nn.functional.cross_entropy(logits, train.label[index].to(logits.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
