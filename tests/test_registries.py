@@ -88,6 +88,12 @@ def _block_rules():
     return BLOCK
 
 
+def _engines():
+    from streakline.models.kv_cache import ENGINES
+
+    return ENGINES
+
+
 def _benchmarks():
     """Every name a prompt source may start with: benchmarks, conversation presets, conversations@..."""
     from streakline.data.sources import source_names
@@ -106,6 +112,7 @@ REGISTRIES: dict[str, Callable[[], Iterable[str]]] = {
     "ATTENTION_MODES": _attention_modes,
     "TRAJECTORY_BACKENDS": _backends,
     "DTYPES": _dtypes,
+    "ENGINES": _engines,
 }
 
 # config key -> the registered names its value (a string) may take, wherever the key appears in a preset or the schema

@@ -23,7 +23,8 @@ SCHEMA_NAME = "streakline_schema"
 
 # Config choices. Where a registry in the code defines the names (FAMILIES: models.config.FAMILIES; LOSSES,
 # DIVERGENCES: alignment.losses; TRAJECTORY_BACKENDS: decoding.backends.BACKENDS; DECODERS:
-# decoding.registry.DECODER_SPECS; ACCEPTANCE_RULES, SELECTIONS: decoding.acceptance), the tuple here repeats
+# decoding.registry.DECODER_SPECS; ACCEPTANCE_RULES, SELECTIONS: decoding.acceptance; ENGINES: models.kv_cache),
+# the tuple here repeats
 # them so that this module imports without torch, and tests/test_registries.py keeps each equal to its registry.
 STAGES = (
     "doctor",
@@ -53,6 +54,7 @@ LONG_PROMPTS = ("error", "skip", "truncate")  # data.long_prompts
 DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "static", "threshold", "spot", "spiffy")
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
+ENGINES = ("auto", "eager", "static", "graphs")  # decoder.engine
 LAUNCHERS = ("local", "slurm", "ray")
 
 
@@ -263,6 +265,9 @@ class DecoderConfig:
     top_k: int = 64
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
+    # KV caches and forwards (ENGINES): auto = CUDA graphs over a static cache on one GPU, eager elsewhere; the
+    # tokens are the same on every engine (tests/decoding/test_engines.py), only the speed differs
+    engine: str = "auto"
     max_new_tokens: int = 128
     stop_strings: list[str] = field(default_factory=list)
     batch_size: int = 1

@@ -22,6 +22,7 @@ from streakline.config.schema import (
     DECODERS,
     DIVERGENCES,
     DTYPES,
+    ENGINES,
     FAMILY_CHOICES,
     LAUNCHERS,
     LONG_PROMPTS,
@@ -301,6 +302,7 @@ def _decoder(cfg: DictConfig) -> None:
     _choice(cfg, "decoder.name", DECODERS)
     _choice(cfg, "decoder.acceptance", ACCEPTANCE_RULES)
     _choice(cfg, "decoder.selection", SELECTIONS)
+    _choice(cfg, "decoder.engine", ENGINES)
     _at_least(cfg, "decoder.gamma", 1, optional=True)
     for key in ("K", "max_new_tokens", "batch_size", "budget"):
         _at_least(cfg, f"decoder.{key}", 1)

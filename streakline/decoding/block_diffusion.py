@@ -54,6 +54,7 @@ class BlockDecodeConfig:
     temperature: float = 0.0  # > 0: coupled-noise sampling keyed by (seed, output position)
     seed: int = 0  # the coupled-noise key (ignored at temperature 0)
     log_steps: bool = False  # fill BlockDecodeResult.steps_log (costs a host sync per forward)
+    engine: str | None = None  # KV cache engine (models/kv_cache.py ENGINES); None: the model's, else auto
 
 
 @dataclass
@@ -366,7 +367,7 @@ class _Run:
         n_blocks = max((h + cfg.max_new_tokens + L - 1) // L for h in self.head)
         # the last block is decoded whole: its positions count even past max_new_tokens
         check_positions(model, Q, L * n_blocks, "target", "max_new_tokens rounded up to whole blocks")
-        self.cache = KVCache.for_model(model, B, capacity=Q + L * (n_blocks + 1))
+        self.cache = KVCache.for_model(model, B, capacity=Q + L * (n_blocks + 1), engine=cfg.engine)
         self.res = BlockDecodeResult(tokens=[], nfe=0, nfe_per_row=[0] * B, commits_per_forward=[])
         self.outputs: list[list[int]] = [[] for _ in range(B)]  # per row, every token of its completed blocks
         self.finished = torch.zeros(B, dtype=torch.bool, device=dev)  # eos in a completed block, or max_new reached
@@ -396,14 +397,17 @@ def decode_blocks(
     """
     run = _Run(model, prompt_ids, attention_mask, cfg, on_step, drafter)
     index = 0
-    while not bool(run.finished.all()):
-        blk = _open_block(run, index)
-        # Plain (drafters read the previous forward's logits; this block has none yet); it stores run.pending too.
-        stale = _plain_step(run, blk, first=True)
-        while bool(blk.masked.any()):
-            stale = _next_step(run, blk, stale)
-        _close_block(run, blk)
-        index += 1
+    try:
+        while not bool(run.finished.all()):
+            blk = _open_block(run, index)
+            # Plain (drafters read the previous forward's logits; this block has none yet); it stores run.pending.
+            stale = _plain_step(run, blk, first=True)
+            while bool(blk.masked.any()):
+                stale = _next_step(run, blk, stale)
+            _close_block(run, blk)
+            index += 1
+    finally:  # a pooled static cache (and its CUDA graphs) serves the next decode
+        run.cache.release()
     run.res.tokens = [_finish(o, run.eos, cfg.max_new_tokens) for o in run.outputs]
     return run.res
 

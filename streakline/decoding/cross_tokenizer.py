@@ -87,9 +87,12 @@ class CrossTokenizerDrafter:
         inner.allowed = bridge.mappable
         self.history: list[list[int]] = []
 
-    def reset(self, batch_size: int, capacity: int) -> None:
+    def reset(self, batch_size: int, capacity: int, engine: str | None = None) -> None:
         self.history = [[] for _ in range(batch_size)]
-        self.capacity = capacity
+        self.capacity, self.engine = capacity, engine
+
+    def release(self) -> None:
+        self.inner.release()
 
     def keep_rows(self, index: torch.Tensor) -> None:
         self.history = [self.history[i] for i in index.tolist()]
@@ -107,7 +110,7 @@ class CrossTokenizerDrafter:
             contexts.append(encoded)
         ids, mask = left_pad(contexts)
         ragged = len({len(c) for c in contexts}) > 1
-        self.inner.reset(len(contexts), ids.shape[1] + 2 * gamma + 2)
+        self.inner.reset(len(contexts), ids.shape[1] + 2 * gamma + 2, engine=self.engine)
         inner = self.inner.propose(
             ids.to(new_ids.device),
             mask.bool().to(new_ids.device) if ragged else None,

@@ -15,9 +15,10 @@ each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` ->
 
 Both speak the same protocol to the decoding loop in ``speculative.py``:
 
-    drafter.reset(batch_size, capacity)
+    drafter.reset(batch_size, capacity, engine="auto")      # engine: models/kv_cache.py ENGINES
     proposal = drafter.propose(new_ids, new_valid, gamma=8, K=4, generator=g, iid=False)  # -> Proposal
     drafter.keep_rows(index)                                # drop finished rows
+    drafter.release()                                       # the decode is over: a pooled cache may serve another
 
 ``new_ids`` ``[B, n]`` are the tokens committed since the previous call (the whole prompt first, then the accepted
 drafts plus the replacement/bonus token), right-aligned, ``new_valid`` marks the real ones (None = all real).
@@ -38,7 +39,12 @@ from dataclasses import dataclass
 import torch
 
 from streakline.models import KVCache, Transformer
+from streakline.models.kv_cache import resolve_engine
 from streakline.models.masks import default_positions
+
+# A full-attention drafter re-reads its whole context every cycle; on the static/graphs engines the context is
+# left-padded to a multiple of this, so the forward's shape (and its CUDA graph) changes once every this many tokens.
+CONTEXT_BUCKET = 64
 
 
 @dataclass
@@ -95,8 +101,13 @@ class ARDrafter:
         self.cache: KVCache | None = None
         self.allowed: torch.Tensor | None = None  # [V] bool: ids a draft may contain (cross-tokenizer pairs)
 
-    def reset(self, batch_size: int, capacity: int) -> None:
-        self.cache = KVCache.for_model(self.model, batch_size, capacity)
+    def reset(self, batch_size: int, capacity: int, engine: str | None = None) -> None:
+        self.release()
+        self.cache = KVCache.for_model(self.model, batch_size, capacity, engine=engine)
+
+    def release(self) -> None:
+        if self.cache is not None:
+            self.cache.release()
 
     def keep_rows(self, index: torch.Tensor) -> None:
         self.cache.keep_rows(index)
@@ -153,11 +164,18 @@ class DiffusionDrafter:
         self.allowed: torch.Tensor | None = None  # [V] bool: ids a draft may contain (cross-tokenizer pairs)
         self.ids: torch.Tensor | None = None  # full attention: the whole context, re-run every cycle
         self.valid: torch.Tensor | None = None
+        self.engine = "eager"  # reset() resolves decoder.engine for this model
 
-    def reset(self, batch_size: int, capacity: int) -> None:
+    def reset(self, batch_size: int, capacity: int, engine: str | None = None) -> None:
+        self.release()
+        self.engine = resolve_engine(self.model, engine)
         if self.cached:
-            self.cache = KVCache.for_model(self.model, batch_size, capacity)
+            self.cache = KVCache.for_model(self.model, batch_size, capacity, engine=engine)
         self.ids = self.valid = None
+
+    def release(self) -> None:
+        if self.cache is not None:
+            self.cache.release()
 
     def keep_rows(self, index: torch.Tensor) -> None:
         if self.cached:
@@ -179,7 +197,12 @@ class DiffusionDrafter:
             real = torch.ones_like(new_ids, dtype=torch.bool) if new_valid is None else new_valid.bool()
             self.ids = new_ids if self.ids is None else torch.cat([self.ids, new_ids], 1)
             self.valid = real if self.valid is None else torch.cat([self.valid, real], 1)
-            ids, valid = self.ids, (None if bool(self.valid.all()) else self.valid)
+            if self.engine == "eager":
+                ids, valid = self.ids, (None if bool(self.valid.all()) else self.valid)
+            else:  # fixed shapes: the context left-padded to a bucket, so one CUDA graph serves many cycles
+                pad = -self.ids.shape[1] % CONTEXT_BUCKET
+                ids = torch.nn.functional.pad(self.ids, (pad, 0))
+                valid = torch.nn.functional.pad(self.valid, (pad, 0), value=False)
             pos = default_positions(valid, B, ids.shape[1], None, device)
         last = pos[:, -1]  # the rightmost context token is real in every row (segments are right-aligned)
         mask_pos = last[:, None] + 1 + torch.arange(gamma, device=device)
@@ -190,6 +213,7 @@ class DiffusionDrafter:
             attention_mask=window_valid,
             cache=self.cache if self.cached else None,
             prefix_len=last + 1,
+            graphed=self.engine == "graphs",  # the cache-less forward of a full-attention drafter too
         )
         if self.cached:
             self.cache.crop(self.cache.length - gamma)  # the masks never enter the context

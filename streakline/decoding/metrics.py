@@ -6,7 +6,8 @@
 - ``accepted_per_cycle``: accepted draft tokens per cycle, the *mean streak* (excludes the bonus token).
 - ``alpha[j]``: per-position acceptance, (#accepted at slot j+1) / (#cycles that reached slot j+1), Figure 2.
 - ``chosen``: how often each chain index was selected (self-selection at work when chains other than 0 win).
-- ``time_s``: wall-clock split into prefill / draft / verify / accept / commit (synchronised on a GPU).
+- ``time_s``: wall-clock split into prefill / draft / verify / accept / commit (on a GPU only with
+  ``SpecConfig.timing``, which synchronises after each phase; zeros otherwise).
 
     m = DecodeMetrics(gamma=8, K=4); ...; m.to_dict()
 """

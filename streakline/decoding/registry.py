@@ -153,11 +153,12 @@ def speculative_setup(
         eos_token_id=eos_token_id,
         stop_strings=tuple(decoder.stop_strings),
         seed=seed,
+        engine=getattr(decoder, "engine", "auto"),
     )
     return spec, drafter
 
 
-BLOCK_SETTINGS = ("rule", "threshold", "max_new_tokens", "temperature", "seed")
+BLOCK_SETTINGS = ("rule", "threshold", "max_new_tokens", "temperature", "seed", "engine")
 
 
 def block_decode_config(settings: Any, *, eos_token_id: int | None, **overrides: Any) -> BlockDecodeConfig:

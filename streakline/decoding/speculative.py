@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from streakline.models import KVCache, Transformer
+from streakline.models.kv_cache import resolve_engine
 
 from .acceptance import get_rule
 from .kernels import compact_kv
@@ -58,6 +59,11 @@ class SpecConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     topk_logprobs: int = 0  # > 0: also return the verifier's top-k log-softmax (temperature 1) at every emitted token
+    # KV caches and forwards (models/kv_cache.py): eager | static | graphs | auto (graphs on one GPU, else eager)
+    engine: str = "auto"
+    # split wall time into phases (metrics.time_s): always on a CPU (it costs nothing there); on a GPU only when
+    # asked for, because each phase then ends with a device sync that stalls the launch queue
+    timing: bool = False
 
 
 @dataclass
@@ -70,13 +76,17 @@ class DecodeResult:
 
 
 class _Clock:
-    """Adds wall time to ``metrics.time_s[phase]``; synchronises a GPU so the split is honest."""
+    """Adds wall time to ``metrics.time_s[phase]``; on a GPU only when ``timing`` asks, and then it synchronises so
+    the split is honest (a sync per phase stalls the launch queue, so it is off by default there)."""
 
-    def __init__(self, metrics: DecodeMetrics, device: torch.device) -> None:
+    def __init__(self, metrics: DecodeMetrics, device: torch.device, timing: bool) -> None:
         self.metrics, self.cuda = metrics, device.type == "cuda"
+        self.enabled = timing or not self.cuda
         self.t = time.perf_counter()
 
     def lap(self, phase: str) -> None:
+        if not self.enabled:
+            return
         if self.cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
@@ -128,7 +138,7 @@ def generate(
     generator = torch.Generator(device=device).manual_seed(cfg.seed)
     metrics = DecodeMetrics(gamma=G, K=K, batch_size=len(prompts))
     wall = time.perf_counter()
-    clock = _Clock(metrics, device)
+    clock = _Clock(metrics, device, cfg.timing)
 
     ids, mask = left_pad(prompts)
     ids, mask = ids.to(device), mask.to(device)
@@ -136,8 +146,28 @@ def generate(
     # the verifier scores the prompt, the new tokens and one draft window past them (before any allocation: a
     # gamma of 100000 is refused here, not by the allocator)
     check_positions(verifier, P, cfg.max_new_tokens + G, "verifier", "max_new_tokens + gamma")
-    capacity = P + 2 * (cfg.max_new_tokens + K * G + 1)
-    cache = KVCache.for_model(verifier, B, capacity)
+    # Rows share one cache length, each cycle growing it by the longest accepted path among them, so a batch can use
+    # up to B x (new tokens + a tree) slots past the prompt. A growing (eager) cache starts at two rows' worth; a
+    # static one cannot grow and takes the bound.
+    engine = resolve_engine(verifier, cfg.engine)
+    rows_bound = 2 if engine == "eager" else max(2, B)
+    capacity = P + rows_bound * (cfg.max_new_tokens + K * G + 1)
+    cache = KVCache.for_model(verifier, B, capacity, engine=engine)
+    try:
+        return _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop, generator, metrics, clock,
+                       wall)  # fmt: skip
+    finally:  # a pooled static cache (and its CUDA graphs) serves the next decode
+        cache.release()
+        if drafter is not None:
+            drafter.release()
+
+
+def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop, generator, metrics, clock, wall):
+    """The loop of ``generate`` (module docstring) on a cache sized for ``capacity`` slots."""
+    device = ids.device
+    B, P = ids.shape
+    G = cfg.gamma if drafter is not None else 0
+    K = cfg.K if drafter is not None else 1
     ragged = bool((mask == 0).any())
     if P > 1:
         pre = mask[:, :-1]
@@ -146,7 +176,7 @@ def generate(
     pending = ids[:, -1]
     pos = mask.sum(1) - 1  # position id of the pending token
     if drafter is not None:
-        drafter.reset(B, capacity)
+        drafter.reset(B, capacity, engine=cfg.engine)
     new_ids, new_valid = ids, (mask.bool() if ragged else None)
     clock.lap("prefill")
 
@@ -186,14 +216,16 @@ def generate(
             selection=cfg.selection,
             generator=generator,
         )
-        accepted = res.accepted.tolist()
-        next_tokens = res.next_token.tolist()
-        chosen = res.chosen.tolist()
+        # the one read of the cycle's results by the host (one transfer; a GPU syncs once here)
+        chosen_chain = drafts[torch.arange(b, device=device), res.chosen]  # [b, G]
+        head = torch.stack([res.accepted, res.next_token, res.chosen], 1).to(chosen_chain.dtype)
+        host = torch.cat([head, chosen_chain], 1).tolist()
+        accepted, next_tokens, chosen = ([r[i] for r in host] for i in range(3))
+        chains = [r[3:] for r in host]
         if k_top:
             path_logits = per_chain[torch.arange(b, device=device), res.chosen]  # [b, G+1, V]
             lp = torch.log_softmax(path_logits.float(), dim=-1).topk(k_top, dim=-1)
             cycle_ids, cycle_lps = lp.indices.tolist(), lp.values.tolist()
-        chains = drafts[torch.arange(b, device=device), res.chosen].tolist()
         clock.lap("accept")
 
         if G:

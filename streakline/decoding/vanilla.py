@@ -51,14 +51,24 @@ def greedy_generate(
     prompts: list[list[int]],
     max_new_tokens: int,
     eos_token_id: int | None = None,
+    engine: str | None = None,
 ) -> list[list[int]]:
-    """Greedy continuation of each prompt; the eos token, when produced, ends (and is kept in) a row's output."""
+    """Greedy continuation of each prompt; the eos token, when produced, ends (and is kept in) a row's output.
+    engine: the KV cache engine (``models/kv_cache.py``; None: the model's, else auto)."""
     device = model.embed.weight.device
     ids, mask = left_pad(prompts)
     ids, mask = ids.to(device), mask.to(device)
     B = ids.shape[0]
     check_positions(model, ids.shape[1], max_new_tokens, "model")
-    cache = KVCache.for_model(model, B, capacity=ids.shape[1] + max_new_tokens)
+    cache = KVCache.for_model(model, B, capacity=ids.shape[1] + max_new_tokens, engine=engine)
+    try:
+        return _greedy(model, ids, mask, cache, max_new_tokens, eos_token_id)
+    finally:
+        cache.release()
+
+
+def _greedy(model, ids, mask, cache, max_new_tokens, eos_token_id) -> list[list[int]]:
+    device, B = ids.device, ids.shape[0]
     padded = bool((mask == 0).any())
     logits = model(ids, attention_mask=mask if padded else None, cache=cache, logits_to_keep=1)
     out: list[list[int]] = [[] for _ in range(B)]

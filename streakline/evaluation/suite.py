@@ -61,7 +61,7 @@ class EvalWorker:
             preset = self.cfg.model[role]
             if path is not None:
                 preset = OmegaConf.merge(preset, {"path": path})
-            self._models[key] = build(preset, role, device=self.device).eval()
+            self._models[key] = build(preset, role, device=self.device, inference=True)
         return self._models[key]
 
     def run(self, index: int) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ how to fetch it), else ``None`` for a tiny preset that carries an ``arch`` block
 or across the devices the preset's ``devices`` names (``models/placement.py``; the plan is printed first).
 
     model = build(cfg.model.drafter, role="drafter", dtype=torch.bfloat16, device="cuda")
+    model = build(cfg.model.verifier, role="verifier", device="cuda", inference=True)   # frozen, fused on a GPU
     model = build(cfg.model.verifier, role="verifier", dtype=torch.bfloat16)   # with model.verifier.devices=auto
 """
 
@@ -90,9 +91,23 @@ def build(
     dtype: torch.dtype | str | None = None,
     device: torch.device | str = "cpu",
     seed: int = 0,
+    inference: bool = False,
 ) -> Transformer:
     """The model a preset describes: loaded from its folder, or freshly initialised (seeded) when it is tiny; on
-    ``device``, or placed across the preset's ``devices`` when it names more than one."""
+    ``device``, or placed across the preset's ``devices`` when it names more than one.
+
+    ``inference``: frozen and in eval mode, and on one GPU its q/k/v and gate/up projections fused
+    (``Transformer.fuse_projections``: fewer, larger matmuls per decode step). On a CPU the weights stay as the
+    checkpoint has them, so CPU results do not move by a rounding."""
+    model = _build(preset, role, dtype=dtype, device=device, seed=seed)
+    if inference:
+        model.eval().requires_grad_(False)
+        if model.layer_devices is None and model.embed.weight.device.type == "cuda":
+            model.fuse_projections()
+    return model
+
+
+def _build(preset: Any, role: str, *, dtype, device, seed: int) -> Transformer:
     if isinstance(dtype, str) or dtype is None:
         dtype = DTYPES[dtype or _get(preset, "dtype", "float32")]
     devices = _get(preset, "devices")

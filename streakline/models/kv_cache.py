@@ -12,6 +12,20 @@ Lifecycle of one forward (driven by ``Transformer.forward``):
 
 Between forwards the decoder may ``crop(n)`` (drop rejected draft tokens) or ``gather(index, start)``
 (keep the accepted path of a draft tree).
+
+Two engines (``ENGINES``; ``resolve_engine`` turns ``auto`` into one of them for a model):
+
+- ``eager``: ``update`` returns the slots written so far (``[:length + T]``), so shapes grow by one every step and
+  the fast paths of ``masks.build_mask`` skip the mask where they can. The CPU default.
+- ``static``: fixed capacity (rounded up to ``STATIC_ROUND`` slots) and fixed shapes: new keys/values are written with
+  ``index_copy_`` at slot ids held in a device tensor, ``update`` returns the whole capacity, and the mask (built
+  over every slot; unused ones are invalid) has the same shape every step. A step's kernels then never change, which
+  is what lets ``graphs`` replay them (``models/graphs.py``), and what keeps the GPU's attention kernels from
+  re-planning per length.
+- ``graphs``: ``static`` plus CUDA graphs of each cached forward after the prefill. The GPU default.
+
+``KVCache.for_model`` hands a static cache out of a small pool kept on the model, so the graphs captured on it are
+reused by the next decode of the same batch size; ``release()`` returns it.
 """
 
 from __future__ import annotations
@@ -21,6 +35,9 @@ import torch
 from streakline.errors import UserError
 
 GIB = 2**30
+ENGINES = ("auto", "eager", "static", "graphs")
+STATIC_ROUND = 256  # a static cache's capacity is a multiple of this: prompts of similar length share a pooled cache
+_POOL_SIZE = 4  # static caches kept per model (each holds its CUDA graphs)
 
 
 class MemoryLimitError(UserError, MemoryError):
@@ -76,10 +93,18 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         layer_devices: list[torch.device] | None = None,
+        engine: str = "eager",
     ) -> None:
         """``device`` holds the slot bookkeeping (positions, validity: where the model's inputs live);
         ``layer_devices`` (one per layer, for a model placed across devices) where each layer's keys and values
-        live, each run of consecutive layers on one device in one tensor; None: all on ``device``."""
+        live, each run of consecutive layers on one device in one tensor; None: all on ``device``.
+        engine: ``eager``, ``static`` or ``graphs`` (module docstring); a static cache never grows."""
+        if engine not in ENGINES[1:]:
+            raise ValueError(f"unknown cache engine {engine!r}; valid: {', '.join(ENGINES[1:])}")
+        self.engine = engine
+        self.static = engine != "eager"
+        if self.static:
+            capacity = -(-capacity // STATIC_ROUND) * STATIC_ROUND
         devices = [torch.device(d) for d in (layer_devices or [device] * num_layers)]
         if len(devices) != num_layers:
             raise ValueError(f"layer_devices names {len(devices)} devices for {num_layers} layers")
@@ -96,6 +121,10 @@ class KVCache:
         # Python-side flag so the hot decode path can skip building a mask without a device sync.
         self.all_valid = True
         self._pending = 0
+        self._slots: dict[int, torch.Tensor] = {}  # static: per forward width T, the device tensor of slot ids
+        self.version = 0  # bumped when the tensors are replaced (rows leave): graphs captured before are stale
+        self.graphs = None  # models.graphs.GraphRunner, made by the model on first use (engine "graphs")
+        self.in_use = True  # a pooled cache is handed out again only once released
 
     @property
     def k(self) -> torch.Tensor:
@@ -112,10 +141,21 @@ class KVCache:
         return parts[0]
 
     @classmethod
-    def for_model(cls, model, batch_size: int, capacity: int = 256) -> KVCache:
+    def for_model(cls, model, batch_size: int, capacity: int = 256, engine: str | None = None) -> KVCache:
+        """A cache for ``model``'s shapes; engine None: the model's ``engine`` attribute (default ``auto``).
+        A static cache of the same rows and capacity bucket released earlier is reused (with its graphs)."""
         cfg = model.config
         p = next(model.parameters())
         layer_devices = getattr(model, "layer_devices", None)
+        engine = resolve_engine(model, engine)
+        if engine != "eager":
+            capacity = -(-capacity // STATIC_ROUND) * STATIC_ROUND
+            pool = model.__dict__.setdefault("_cache_pool", _Pool())
+            for cache in pool:
+                if (not cache.in_use and cache.engine == engine and cache.batch_size == batch_size
+                        and cache.capacity == capacity and cache.version == 0):  # fmt: skip
+                    cache.reset()
+                    return cache
         layers: dict[torch.device, int] = {}  # per device, over all its runs
         for start, end, d in device_runs(layer_devices or [p.device] * cfg.num_layers):
             layers[d] = layers.get(d, 0) + end - start
@@ -125,10 +165,23 @@ class KVCache:
                 nbytes, d, f"a KV cache of {batch_size} rows x {capacity} positions",
                 "lower decoder.batch_size (rows decoded together) or decoder.max_new_tokens",
             )  # fmt: skip
-        return cls(
+        cache = cls(
             cfg.num_layers, batch_size, cfg.num_kv_heads, cfg.head_dim, capacity, p.dtype,
-            model.embed.weight.device, layer_devices,
+            model.embed.weight.device, layer_devices, engine,
         )  # fmt: skip
+        if engine != "eager":
+            pool.append(cache)
+            del pool[: max(0, len(pool) - _POOL_SIZE)]  # the oldest go (a cache in use stays alive with its user)
+        return cache
+
+    def release(self) -> None:
+        """The decode that owned this cache is done: a pooled static cache may be handed out again."""
+        self.in_use = False
+
+    def reset(self) -> None:
+        """Empty, in place (same tensors, so graphs captured on them stay valid)."""
+        self.valid.zero_()
+        self.length, self.all_valid, self._pending, self.in_use = 0, True, 0, True
 
     @property
     def batch_size(self) -> int:
@@ -146,6 +199,11 @@ class KVCache:
         return pos.max(dim=1).values + 1
 
     def _grow(self, needed: int) -> None:
+        if self.static:
+            raise ValueError(
+                f"a static KV cache holds {self.capacity} slots and this forward needs {needed}; the decoder sized "
+                "it too small (a bug: please report it)"
+            )
         cap = self.capacity
         while cap < needed:
             cap *= 2
@@ -175,12 +233,25 @@ class KVCache:
             self.valid[:, self.length : end] = valid
             self.all_valid = False
         self._pending = T
+        if self.static:
+            slots = self._slots.get(T)
+            if slots is None:
+                slots = self._slots[T] = torch.empty(T, dtype=torch.long, device=self.pos.device)
+            # in place: a captured graph reads this very tensor
+            torch.arange(self.length, end, out=slots)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's ``k, v`` (``[B, Hkv, T, D]``) for one layer; return all keys/values so far."""
         end = self.length + self._pending
         segment, i = self._where[layer]
         ks, vs = self.ks[segment], self.vs[segment]
+        if self.static:  # fixed shapes: write at the slot ids, read the whole capacity (the mask hides the rest)
+            slots = self._slots[self._pending]
+            if slots.device != ks.device:
+                slots = slots.to(ks.device)
+            ks[i].index_copy_(2, slots, k)
+            vs[i].index_copy_(2, slots, v)
+            return ks[i], vs[i]
         ks[i, :, :, self.length : end] = k
         vs[i, :, :, self.length : end] = v
         return ks[i, :, :, :end], vs[i, :, :, :end]
@@ -203,6 +274,7 @@ class KVCache:
                 parts[i] = t[:, index.to(t.device)]
         idx = index.to(self.pos.device)
         self.pos, self.valid = self.pos[idx], self.valid[idx]
+        self.version += 1
 
     def gather(
         self,
@@ -222,7 +294,9 @@ class KVCache:
         B, n = index.shape
         if B != self.batch_size:
             raise ValueError(f"index has {B} rows, cache has {self.batch_size}")
-        if n and (int(index.min()) < start or int(index.max()) >= self.length):
+        # checked where it costs nothing; on a GPU it would be two host syncs per cycle, and the decoder's index
+        # comes from the tree layout (tests check it on CPU)
+        if n and index.device.type == "cpu" and (int(index.min()) < start or int(index.max()) >= self.length):
             raise ValueError(f"gather indices must lie in [{start}, {self.length})")
         for k, v in zip(self.ks, self.vs, strict=True):
             L, _, H, _, D = k.shape
@@ -242,3 +316,28 @@ class KVCache:
         self.valid[:, start : start + n] = valid
         self.valid[:, start + n : self.length] = False
         self.length = start + n
+
+
+class _Pool(list):
+    """The static caches kept on a model; a copy of the model starts with none (they belong to the original)."""
+
+    def __deepcopy__(self, memo):
+        return _Pool()
+
+
+def resolve_engine(model, engine: str | None = None) -> str:
+    """``eager``, ``static`` or ``graphs`` for ``model``: ``engine`` (or the model's ``engine`` attribute) with
+    ``auto`` meaning graphs on one CUDA device and eager otherwise (a CPU, or a model placed across devices)."""
+    engine = engine or getattr(model, "engine", None) or "auto"
+    if engine not in ENGINES:
+        raise ValueError(f"unknown decoder engine {engine!r}; valid: {', '.join(ENGINES)}")
+    placed = getattr(model, "layer_devices", None) is not None
+    cuda = model.embed.weight.device.type == "cuda"
+    if engine == "auto":
+        return "graphs" if cuda and not placed else "eager"
+    if engine == "graphs" and (not cuda or placed):
+        raise ValueError(
+            "decoder.engine=graphs needs the model on one CUDA device; use decoder.engine=static (same shapes, no "
+            "graphs) or auto"
+        )
+    return engine

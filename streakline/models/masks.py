@@ -13,7 +13,9 @@ Padding and masked-out cache slots are never visible. Each query always sees its
 padding yields finite (ignored) values instead of NaN.
 
 ``build_mask`` returns ``(mask, is_causal)`` for ``torch.nn.functional.scaled_dot_product_attention``; it returns
-``(None, ...)`` on the common fast paths so the hot decode loop builds nothing.
+``(None, ...)`` on the common fast paths so the hot decode loop builds nothing. With a static cache
+(``KVCache.static``) the keys are every slot of the cache, so the mask is always built, over the whole capacity
+(the slots this forward writes are ``[past, past + T)``; the others are real only where the cache says so).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def build_mask(
     """
     B, T = q_pos.shape
     past = cache.length if cache is not None else 0
-    clean = q_valid is None and (cache is None or cache.all_valid)
+    static = cache is not None and cache.static
+    clean = q_valid is None and (cache is None or cache.all_valid) and not static
     if explicit is None and clean:
         if mode == "full":
             return None, False
@@ -62,7 +65,14 @@ def build_mask(
                 return None, False
 
     device = q_pos.device
-    if cache is not None and past:
+    if static:  # keys are every slot: the cached ones, this forward's at [past, past + T), and unused ones (invalid)
+        S = cache.capacity
+        k_pos = cache.pos.clone()
+        k_pos[:, past : past + T] = q_pos
+        k_valid = cache.valid.clone()
+        k_valid[:, past:] = False
+        k_valid[:, past : past + T] = True if q_valid is None else q_valid.bool()
+    elif cache is not None and past:
         k_pos = torch.cat([cache.pos[:, :past], q_pos], dim=1)
         k_valid = cache.valid[:, :past]
         new_valid = torch.ones(B, T, dtype=torch.bool, device=device) if q_valid is None else q_valid.bool()
@@ -81,10 +91,12 @@ def build_mask(
             raise ValueError(
                 f"explicit mask has shape {tuple(explicit.shape)}; expected [B, T, S] = {(B, T, past + T)}"
             )
+        if static:  # the unused slots past this forward's are invalid anyway
+            allowed = torch.cat([allowed, allowed.new_zeros(B, T, S - past - T)], dim=-1)
     elif mode == "causal":
         allowed = kp <= qp
     elif mode == "full":
-        allowed = torch.ones(B, T, past + T, dtype=torch.bool, device=device)
+        allowed = torch.ones(B, T, kp.shape[-1], dtype=torch.bool, device=device)
     elif mode == "prefix_causal":
         if prefix_len is None:
             raise ValueError("attention 'prefix_causal' needs prefix_len: the position where the draft window starts")
@@ -105,5 +117,5 @@ def build_mask(
         allowed = allowed & k_valid[:, None, :]
     # Every query sees itself (keeps all-padding rows finite; trees include the node itself anyway).
     diag = torch.eye(T, dtype=torch.bool, device=device)
-    allowed[:, :, past:] |= diag
+    allowed[:, :, past : past + T] |= diag
     return allowed[:, None], False

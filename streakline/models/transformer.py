@@ -8,6 +8,11 @@ passes an explicit boolean mask (draft trees, packed windows); see ``masks.py`` 
 Verifiers, diffusion drafters and block-diffusion targets are all this class; they differ only in config.
 Checkpoints in Hugging Face format are read and written by ``checkpoint.py``.
 
+Inference speed: ``attention.py`` picks the attention kernel of each forward; a static KV cache
+(``kv_cache.py``) keeps a step's shapes fixed, and with the ``graphs`` engine every cached forward after the prefill
+replays a CUDA graph (``graphs.py``); ``fuse_projections()`` turns q/k/v and gate/up into one matrix each (fewer,
+larger matmuls; the state dict keeps the checkpoint's names).
+
     model = Transformer(cfg)
     logits = model(input_ids)                                  # [B, T, V]
     cache = KVCache.for_model(model, batch_size=B)
@@ -22,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .attention import attend
 from .config import TransformerConfig
 from .kv_cache import KVCache
 from .masks import build_mask, default_positions
@@ -69,11 +75,28 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if cfg.qk_norm else None
 
+        self.qkv_proj: nn.Linear | None = None  # fuse(): q, k and v in one matrix (inference)
+
+    def fuse(self) -> None:
+        """One ``[q; k; v]`` matrix in place of three (no copy kept: the state dict splits it back on save)."""
+        if self.qkv_proj is not None:
+            return
+        parts = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_proj = _concat_linear(parts)
+        del self.q_proj, self.k_proj, self.v_proj
+        self._fused_names = ("q_proj", "k_proj", "v_proj")
+        self._fused_sizes = [p.out_features for p in parts]
+        self._register_state_dict_hook(_split_fused)
+        self._register_load_state_dict_pre_hook(_join_fused(self))
+
     def forward(self, x, cos, sin, mask, is_causal, cache: KVCache | None, layer: int) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([h * d, hkv * d, hkv * d], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.view(B, T, h, d), k.view(B, T, hkv, d), v.view(B, T, hkv, d)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q.transpose(1, 2), cos, sin)
@@ -81,9 +104,7 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=self.num_kv_heads != self.num_heads
-        )
+        out = attend(q, k, v, mask, is_causal)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -93,9 +114,61 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None  # fuse(): gate and up in one matrix (inference)
+
+    def fuse(self) -> None:
+        if self.gate_up_proj is not None:
+            return
+        self.gate_up_proj = _concat_linear((self.gate_proj, self.up_proj))
+        del self.gate_proj, self.up_proj
+        self._fused_names = ("gate_proj", "up_proj")
+        self._fused_sizes = [self.gate_up_proj.out_features // 2] * 2
+        self._register_state_dict_hook(_split_fused)
+        self._register_load_state_dict_pre_hook(_join_fused(self))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _concat_linear(parts) -> nn.Linear:
+    """One Linear whose output is the concatenation of ``parts``' outputs (same input, same dtype and device)."""
+    w = parts[0].weight
+    bias = parts[0].bias is not None
+    fused = nn.Linear(w.shape[1], sum(p.out_features for p in parts), bias=bias, device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        if bias:
+            fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    fused.requires_grad_(w.requires_grad)
+    return fused
+
+
+def _split_fused(module, state_dict, prefix, local_metadata) -> None:
+    """State-dict hook of a fused module: the checkpoint's names (q_proj/k_proj/v_proj, gate_proj/up_proj) again,
+    so saving, exporting and comparing a fused model sees what an unfused one has."""
+    fused_name = "qkv_proj" if "q_proj" in module._fused_names else "gate_up_proj"
+    for kind in ("weight", "bias"):
+        t = state_dict.pop(f"{prefix}{fused_name}.{kind}", None)
+        if t is None:
+            continue
+        for name, part in zip(module._fused_names, t.split(module._fused_sizes), strict=True):
+            state_dict[f"{prefix}{name}.{kind}"] = part.clone()  # own storage: safetensors refuses shared tensors
+
+
+def _join_fused(module):
+    """Load-state-dict pre-hook of a fused module: a checkpoint's separate matrices are concatenated on the way in."""
+
+    def hook(state_dict, prefix, *_args) -> None:
+        fused_name = "qkv_proj" if "q_proj" in module._fused_names else "gate_up_proj"
+        for kind in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{kind}" for name in module._fused_names]
+            if all(k in state_dict for k in keys):
+                state_dict[f"{prefix}{fused_name}.{kind}"] = torch.cat([state_dict.pop(k) for k in keys])
+
+    return hook
 
 
 class Block(nn.Module):
@@ -151,6 +224,7 @@ class Transformer(nn.Module):
         mode: str | None = None,
         prefix_len: torch.Tensor | int | None = None,
         attn_mask: torch.Tensor | None = None,
+        graphed: bool = False,
     ) -> torch.Tensor:
         """Final normalised hidden states ``[B, T, hidden]``.
 
@@ -161,6 +235,8 @@ class Transformer(nn.Module):
         mode: attention mode for this forward (default ``config.attention``).
         prefix_len: ``prefix_causal`` only: position where the draft window starts (int or ``[B]``).
         attn_mask: explicit boolean mask ``[B, T, past+T]`` or ``[B, T, T]`` (True = may attend).
+        graphed: replay a CUDA graph for this cache-less forward (a full-attention drafter's window on the ``graphs``
+            engine; the caller keeps its shapes few). Cached forwards follow their cache's engine instead.
         """
         if self.layer_devices is not None:  # placed: the inputs go where the embedding is, from wherever they are
             home = self.embed.weight.device
@@ -185,10 +261,22 @@ class Transformer(nn.Module):
             block_size=self.config.block_size,
             explicit=attn_mask,
         )
-        x = self.embed(input_ids)
-        cos, sin = rotary_tables(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         if cache is not None:
             cache.begin(position_ids, valid)
+        runner = _graph_runner(self, cache, graphed, mask)
+        if runner is not None:
+            x = runner.run(input_ids, position_ids, mask)
+        else:
+            x = self.body(input_ids, position_ids, mask, is_causal, cache)
+        if cache is not None:
+            cache.commit()
+        return x
+
+    def body(self, input_ids, position_ids, mask, is_causal, cache: KVCache | None) -> torch.Tensor:
+        """Embedding, layers and final norm of one forward whose mask and cache slots are prepared (``hidden``); the
+        part a CUDA graph captures."""
+        x = self.embed(input_ids)
+        cos, sin = rotary_tables(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             if self.layer_devices is not None and x.device != self.layer_devices[i]:  # the next run's device
                 x, cos, sin, mask = (_to(t, self.layer_devices[i]) for t in (x, cos, sin, mask))
@@ -196,9 +284,15 @@ class Transformer(nn.Module):
                 x = checkpoint(layer, x, cos, sin, mask, is_causal, None, i, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask, is_causal, cache, i)
-        if cache is not None:
-            cache.commit()
         return self.norm(x.to(self.norm.weight.device))
+
+    def fuse_projections(self) -> Transformer:
+        """For inference: q/k/v and gate/up become one matrix each in every layer (two matmuls fewer per layer and
+        no extra weights kept). ``state_dict`` still gives the checkpoint's names; do not train a fused model."""
+        for layer in self.layers:
+            layer.attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # placed across devices, a tied read-out is the embedding on the first device
@@ -211,6 +305,32 @@ class Transformer(nn.Module):
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.logits(h).to(input_ids.device)
+
+
+def _graph_runner(model: Transformer, cache: KVCache | None, graphed: bool, mask):
+    """The GraphRunner that replays this forward, or None for an eager forward. Graphed: a cached forward after the
+    prefill (prompt lengths vary, so the prefill stays eager) on the ``graphs`` engine, and a cache-less forward the
+    caller asks for (``graphed``); never under autograd or for a model placed across devices."""
+    if torch.is_grad_enabled() or model.layer_devices is not None or mask is None:
+        return None
+    if cache is not None:
+        if cache.engine != "graphs" or cache.length == 0:
+            return None
+        owner = cache
+    elif graphed and model.embed.weight.device.type == "cuda":
+        owner = model
+    else:
+        return None
+    from .graphs import GraphRunner  # CUDA-only machinery, loaded on first use
+
+    runner = model.__dict__.get("_graphs") if owner is model else cache.graphs
+    if runner is None:
+        runner = GraphRunner(model, cache)
+        if owner is model:
+            model.__dict__["_graphs"] = runner  # a plain attribute (not a submodule, buffer or parameter)
+        else:
+            cache.graphs = runner
+    return runner
 
 
 def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -54,7 +54,7 @@ class Decode(Stage):
         tokenizer = role_tokenizer(cfg, main_role)
         text_prompt = None if cfg.prompt is None else unescape(cfg.prompt)
         prompt = list(cfg.prompt_ids) if cfg.prompt_ids is not None else encode(tokenizer, text_prompt)
-        main = build(cfg.model[main_role], main_role, device=where).eval()
+        main = build(cfg.model[main_role], main_role, device=where, inference=True)
         if max(prompt) >= main.config.vocab_size:
             raise ConfigError(
                 f"prompt_ids has id {max(prompt)}, but the {main_role}'s vocabulary has {main.config.vocab_size}"
@@ -102,7 +102,7 @@ def _decode_block(cfg: DictConfig, target, prompt: list[int], eos, where: str) -
 def _decode_speculative(cfg: DictConfig, verifier, prompt, eos, tokenizer, where) -> tuple[list[int], dict]:
     """vanilla, or ar_draft / diffusion_draft with the preset's drafter (bridged when its tokenizer differs)."""
     name = cfg.decoder.name
-    drafter_model = None if name == "vanilla" else build(cfg.model.drafter, "drafter", device=where).eval()
+    drafter_model = None if name == "vanilla" else build(cfg.model.drafter, "drafter", device=where, inference=True)
     try:
         spec, drafter = speculative_setup(
             cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, eos_token_id=eos, seed=cfg.seed

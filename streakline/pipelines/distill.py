@@ -313,7 +313,7 @@ def _evaluator(cfg: DictConfig, tokenizer, gamma: int, mask_id: int, device, ver
     if not t.eval_prompts or not t.eval_sources or tokenizer is None:
         return None
     if verifier is None:
-        verifier = build(cfg.model.verifier, "verifier", device=device).eval()
+        verifier = build(cfg.model.verifier, "verifier", device=device, inference=True)
     return HeldoutEvaluator(
         verifier, tokenizer, list(t.eval_sources), t.eval_prompts, gamma, mask_id, chat_template=cfg.data.chat_template
     )

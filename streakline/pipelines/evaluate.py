@@ -64,7 +64,7 @@ class Evaluate(Stage):
             "methods": [m.as_dict() for m in methods],
             "evaluate": stage_settings(cfg),  # the key of runs from before settings moved under stage
             "seed": cfg.seed,
-            "decoder": OmegaConf.to_container(cfg.decoder, resolve=True),
+            "decoder": _decoder_key(cfg.decoder),
             "models": {r: cfg.model[r].get("path") for r in ("verifier", "drafter", "target") if r in cfg.model},
         }
 
@@ -190,3 +190,13 @@ def _log_wandb(cfg: DictConfig, stage_run: StageRun, records: list[dict], figure
     for name, path in figures.items():
         tracker.log_image(name.removesuffix(".png"), path)
     tracker.close()
+
+
+def _decoder_key(decoder) -> dict[str, Any]:
+    """The decoder settings a result depends on. ``engine`` only when chosen (not ``auto``): every engine gives the
+    same tokens, but the speed is the result too, so an explicit engine is its own run; the default keeps the keys
+    of runs from before the setting existed."""
+    out = OmegaConf.to_container(decoder, resolve=True)
+    if out.get("engine") == "auto":
+        del out["engine"]
+    return out

@@ -353,7 +353,7 @@ class ShardWorker:
                 tensor_parallel_size=verifier_gpus(cfg),
             )  # fmt: skip
         else:
-            verifier = build(cfg.model.verifier, "verifier", device=device()).eval()
+            verifier = build(cfg.model.verifier, "verifier", device=device(), inference=True)
             self.backend = BACKENDS["native"](verifier, settings, tokenizer)
         self.seed = cfg.seed
 

@@ -52,10 +52,13 @@ class ConstantDrafter:
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def reset(self, batch_size, capacity):
+    def reset(self, batch_size, capacity, engine=None):
         pass
 
     def keep_rows(self, index):
+        pass
+
+    def release(self):
         pass
 
     def propose(self, new_ids, new_valid, *, gamma, K, generator, iid):

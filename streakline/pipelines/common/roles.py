@@ -99,7 +99,7 @@ def required_tokenizer(cfg: DictConfig, role: str, stage: str):
 def block_target(cfg: DictConfig, stage: str, device: str):
     """The target model for a stage that decodes it block by block (spot, spiffy); refuses one without block-causal
     attention."""
-    target = build(cfg.model.target, "target", device=device).eval()
+    target = build(cfg.model.target, "target", device=device, inference=True)
     if target.config.attention != "block_causal":
         raise ConfigError(
             f"stage={stage} needs a block-diffusion target (block_causal attention); model.target attends "
