@@ -18,8 +18,11 @@ SCORE_TOL = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (1e-5, 1e-6), torch.fl
 
 def _run(logits, drafts, rule, T=1.0, ua=None, us=None, q=None, selection="streak", backend="torch"):
     N, K, G1, V = logits.shape
-    ua = torch.rand(N, G1 - 1) if ua is None else ua
-    us = torch.rand(N) if us is None else us
+    # Default uniforms are drawn where the logits live: the kernels refuse inputs on another device (on a GPU a
+    # CPU-drawn default failed test_triton_argmax_ties_go_to_the_lowest_id with "all inputs must be on the logits'
+    # device"). On CPU this draws from the same generator as before.
+    ua = torch.rand(N, G1 - 1, device=logits.device) if ua is None else ua
+    us = torch.rand(N, device=logits.device) if us is None else us
     return verify_chains(
         logits, drafts, rule=rule, temperature=T, u_accept=ua, u_sample=us, q=q, selection=selection, backend=backend
     )
