@@ -265,8 +265,9 @@ class DecoderConfig:
     top_k: int = 64
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
-    # KV caches and forwards (ENGINES): auto = CUDA graphs over a static cache on one GPU, eager elsewhere; the
-    # tokens are the same on every engine (tests/decoding/test_engines.py), only the speed differs
+    # KV caches and forwards (ENGINES): auto = a static cache on one GPU (CUDA graphs once checked on a GPU:
+    # models/kv_cache.py GRAPHS_BY_DEFAULT), eager elsewhere; every engine gives the same tokens, only the speed
+    # differs (tests/decoding/test_engines.py)
     engine: str = "auto"
     max_new_tokens: int = 128
     stop_strings: list[str] = field(default_factory=list)

@@ -59,7 +59,7 @@ class SpecConfig:
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     topk_logprobs: int = 0  # > 0: also return the verifier's top-k log-softmax (temperature 1) at every emitted token
-    # KV caches and forwards (models/kv_cache.py): eager | static | graphs | auto (graphs on one GPU, else eager)
+    # KV caches and forwards (models/kv_cache.py): eager | static | graphs | auto (static on one GPU, else eager)
     engine: str = "auto"
     # split wall time into phases (metrics.time_s): always on a CPU (it costs nothing there); on a GPU only when
     # asked for, because each phase then ends with a device sync that stalls the launch queue
