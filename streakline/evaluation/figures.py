@@ -24,7 +24,7 @@ import matplotlib
 
 from streakline.artifacts import atomic_file
 
-from .results import steps_curves
+from .results import headline, steps_curves
 
 matplotlib.use("Agg")  # before pyplot: no display on a cluster node or CI machine
 import matplotlib.pyplot as plt  # noqa: E402
@@ -183,7 +183,9 @@ FIGURES = {
 
 
 def draw_all(records: list[dict], out_dir: str | Path) -> dict[str, Path]:
-    """Every figure the records support, under ``out_dir``; returns {file name: path}."""
+    """Every figure the records support, under ``out_dir``; returns {file name: path}. Degenerate benchmarks
+    (``results.headline``) are left out, as in the headline tables."""
+    records = headline(records)
     out = {}
     for name, draw in FIGURES.items():
         path = draw(records, Path(out_dir) / name)

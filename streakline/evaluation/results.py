@@ -15,7 +15,11 @@ Record fields (``RECORD_FIELDS`` is the schema; tests check every record has the
   ``REFERENCE`` map, which ``streakline.decoding.registry`` defines and this module re-exports),
   ``tokens_per_verifier_call``, ``accepted_per_cycle`` (mean accepted streak), ``alpha`` (per-position acceptance),
   ``nfe``, ``nfe_per_token``, ``forward_reduction`` (the reference's NFE per token over this one's);
-- ``lossless`` and ``lossless_check`` (see ``lossless.py``), ``wall_s``.
+- ``lossless`` and ``lossless_check`` (see ``lossless.py``), ``wall_s``;
+- ``reference_top_share``, ``reference_top_token``: how much of the reference decoder's temperature-0 output on that
+  benchmark is its single most frequent token (None in records from before the field). Above ``DEGENERATE_SHARE``
+  the benchmark is *degenerate* (the verifier repeats one token: every drafter that learns it looks perfect), and
+  ``headline`` keeps it out of the headline tables and the figures; its rows get a table of their own.
 
     records = finalize(records)   # fills speedup / forward_reduction from the references
     write_results(out_dir, records, meta)
@@ -34,6 +38,10 @@ from streakline.artifacts import package_versions, write_json_atomic, write_text
 from streakline.decoding.registry import REFERENCE
 
 SCHEMA_VERSION = 1
+# A benchmark where one token id is more than this share of the reference's greedy output is degenerate. The tiny
+# verifier's tiny-code output is 100% newlines; on tiny-math the most frequent token is 18% (a digit); real models'
+# outputs on real benchmarks sit far below this too.
+DEGENERATE_SHARE = 0.5
 RECORD_FIELDS = (
     "method",
     "decoder",
@@ -88,6 +96,22 @@ def finalize(records: list[dict]) -> list[dict]:
         r["speedup"] = r["tokens_per_s"] / ref["tokens_per_s"] if ref and ref["tokens_per_s"] else None
         r["forward_reduction"] = ref["nfe_per_token"] / r["nfe_per_token"] if ref and r["nfe_per_token"] else None
     return records
+
+
+def degenerate(records: list[dict]) -> dict[tuple[str, str], tuple[float, int]]:
+    """``{(family, benchmark): (share, token id)}`` of the degenerate benchmarks (module docstring)."""
+    out = {}
+    for r in records:
+        share = r.get("reference_top_share")
+        if share is not None and share > DEGENERATE_SHARE:
+            out[(r["family"], r["benchmark"])] = (share, r.get("reference_top_token"))
+    return out
+
+
+def headline(records: list[dict]) -> list[dict]:
+    """The records of the benchmarks that are not degenerate: what the headline tables and the figures show."""
+    bad = degenerate(records)
+    return [r for r in records if (r["family"], r["benchmark"]) not in bad]
 
 
 def distill_loss(record: dict) -> str | None:
@@ -204,24 +228,20 @@ def markdown(records: list[dict], meta: dict) -> str:
             ),
         ),
     ):
-        rows = [r for r in records if r["family"] == family]
-        if not rows:
+        everything = [r for r in records if r["family"] == family]
+        rows = headline(everything)
+        left_out = [r for r in everything if r not in rows]
+        if not everything:
             continue
-        table = [r for r in rows if not r["settings"].get("curve")]  # checkpoints' points: the Fig. 7 table
-        columns = sorted({(r["benchmark"], r["temperature"]) for r in table})
-        methods = list(dict.fromkeys(r["method"] for r in table))
-        by_key = {(r["method"], r["benchmark"], r["temperature"]): r for r in rows}
-        head = " | ".join(f"{b} T={t:g}" for b, t in columns)
-        lines += [title, "", f"| method | {head} |", "|---" * (len(columns) + 1) + "|"]
-        for m in methods:
-            cells = [cell(by_key[(m, b, t)]) if (m, b, t) in by_key else "" for b, t in columns]
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [title, "", *_table(rows, cell)]
+        if left_out:
+            lines += [*_left_out_note(left_out), *_table(left_out, cell)]
         if family == "speculative":
+            table = [r for r in everything if not r["settings"].get("curve")]
             lines += ["Cells: speedup / mean accepted streak.", "", *_training_note(table), *_curve_table(rows)]
         else:
             lines += ["Cells: target forwards per generated token / forward reduction vs static.", ""]
-        tps = [r for r in rows if r["tokens_per_s"]]
+        tps = [r for r in everything if r["tokens_per_s"]]  # every row, the left-out benchmarks' too
         if tps:
             drafted = family == "speculative"  # a tau_d column: the temperature the drafter drafted at
             head = ["method", "benchmark", "T", *(["tau_d"] if drafted else []), "tokens/s",
@@ -237,6 +257,32 @@ def markdown(records: list[dict], meta: dict) -> str:
             if drafted:
                 lines += ["T: the verifier's temperature; tau_d: the drafter's, as it drafted (none for vanilla).", ""]
     return "\n".join(lines)
+
+
+def _table(rows: list[dict], cell) -> list[str]:
+    """Methods x (benchmark, temperature) cells; the checkpoints' points (Fig. 7) have their own table."""
+    table = [r for r in rows if not r["settings"].get("curve")]
+    columns = sorted({(r["benchmark"], r["temperature"]) for r in table})
+    methods = list(dict.fromkeys(r["method"] for r in table))
+    by_key = {(r["method"], r["benchmark"], r["temperature"]): r for r in rows}
+    head = " | ".join(f"{b} T={t:g}" for b, t in columns)
+    lines = [f"| method | {head} |", "|---" * (len(columns) + 1) + "|"]
+    for m in methods:
+        cells = [cell(by_key[(m, b, t)]) if (m, b, t) in by_key else "" for b, t in columns]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _left_out_note(rows: list[dict]) -> list[str]:
+    notes = []
+    for (family, bench), (share, token) in sorted(degenerate(rows).items()):
+        ref = REFERENCE[family]
+        notes.append(
+            f"Left out of the table above and of the figures: **{bench}**, where {share:.0%} of the {ref} decoder's "
+            f"greedy output is one token (id {token}). A drafter that learns that token accepts nearly every draft, "
+            "so the speedup there says nothing about how well it is aligned. Its rows:"
+        )
+    return [*notes, ""]
 
 
 def write_results(out_dir: str | Path, records: list[dict], meta: dict) -> tuple[Path, Path]:

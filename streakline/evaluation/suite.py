@@ -10,6 +10,7 @@ actors with ``launcher=ray`` (one :class:`EvalWorker` each, models built once pe
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,24 @@ def check_lossless(rows: list[dict]) -> None:
         r.update(lossless=check["lossless"], lossless_check=check)
 
 
+def mark_reference_diversity(rows: list[dict]) -> None:
+    """Give every row ``reference_top_share``: the share of the most frequent token id in its family's reference
+    output (vanilla or static) at temperature 0 on that benchmark, and ``reference_top_token`` (that id). A share
+    near 1 means the verifier (target) repeats one token there: any drafter that learns it accepts every draft, so
+    the benchmark measures nothing about alignment (``results.headline`` keeps it out of the headline)."""
+    share: dict[tuple[str, str], tuple[float, int]] = {}
+    for r in rows:
+        if r["decoder"] in REFERENCE_DECODERS and r["temperature"] == 0 and r["decoder"] == REFERENCE[r["family"]]:
+            counts = Counter(t for seq in r["tokens"] for t in seq)
+            total = sum(counts.values())
+            if total:
+                token, n = counts.most_common(1)[0]
+                share[(r["family"], r["benchmark"])] = (n / total, token)
+    for r in rows:
+        top = share.get((r["family"], r["benchmark"]))
+        r["reference_top_share"], r["reference_top_token"] = top if top is not None else (None, None)
+
+
 def with_references(methods: list[EvalMethod]) -> list[EvalMethod]:
     """``methods`` plus the reference decoders their checks and speedups need (vanilla, static, threshold)."""
     names = {m.decoder for m in methods}
@@ -240,6 +259,7 @@ def evaluate_methods(cfg: DictConfig, methods: list[EvalMethod], prompts: dict, 
     job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
     rows = _evaluate_all(cfg, job, methods)
     check_lossless(rows)
+    mark_reference_diversity(rows)
     return finalize([{k: v for k, v in r.items() if k not in ("tokens", "logprobs")} for r in rows])
 
 

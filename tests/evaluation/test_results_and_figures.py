@@ -9,8 +9,8 @@ import pytest
 from streakline.artifacts import StageRun
 from streakline.evaluation import figures
 from streakline.evaluation.figures import draw_all, fig5_drafting, fig7_speedup_vs_steps
-from streakline.evaluation.results import RECORD_FIELDS, finalize, markdown, steps_curves, write_results
-from streakline.evaluation.suite import training_temperatures
+from streakline.evaluation.results import RECORD_FIELDS, finalize, headline, markdown, steps_curves, write_results
+from streakline.evaluation.suite import mark_reference_diversity, training_temperatures
 
 
 def _rec(method, decoder, bench="tiny-math", T=0.0, tps=100.0, nfe_tok=1.0, family="speculative", **kw):
@@ -150,3 +150,32 @@ def test_training_temperatures_follow_the_drafter_to_its_runs(tmp_path):
     assert training_temperatures(str(tmp_path / "elsewhere" / "drafter")) == unknown
     shutil.rmtree(traj.dir)  # trajectories gone: the drafter's own temperature is still known
     assert training_temperatures(str(run.dir / "drafter")) == {**unknown, "train_drafter_temperature": 1.5}
+
+
+def test_a_degenerate_benchmark_is_kept_out_of_the_headline_and_the_figures(tmp_path):
+    """The reference's greedy output on 'newlines' is one token: its rows get their own table with the reason, and
+    neither the headline table nor a figure shows it; the diversity comes from the reference's real tokens."""
+    rows = [
+        _rec("vanilla", "vanilla", tokens=[[5, 6, 7, 8], [9, 5, 6, 7]]),
+        _rec("vanilla", "vanilla", bench="newlines", tokens=[[3, 3, 3, 3], [3, 3, 3, 4]]),
+        _rec("vanilla", "vanilla", bench="newlines", T=1.0, tokens=[[1, 2], [3, 4]]),  # sampled: not the measure
+        _rec("base", "diffusion_draft", tps=90.0, alpha=[0.5, 0.1], tokens=[]),
+        _rec("base", "diffusion_draft", bench="newlines", tps=400.0, alpha=[1.0, 1.0], tokens=[]),
+    ]
+    mark_reference_diversity(rows)
+    by = {(r["method"], r["benchmark"], r["temperature"]): r for r in rows}
+    assert by[("base", "newlines", 0.0)]["reference_top_share"] == pytest.approx(7 / 8)
+    assert by[("base", "newlines", 0.0)]["reference_top_token"] == 3
+    assert by[("base", "tiny-math", 0.0)]["reference_top_share"] == pytest.approx(2 / 8)
+    recs = finalize([{k: v for k, v in r.items() if k != "tokens"} for r in rows])
+    assert [r["benchmark"] for r in headline(recs)] == ["tiny-math", "tiny-math"]
+    md = markdown(recs, {"experiment": "x"})
+    headline_table = md.split("## Speedup")[1].split("Left out")[0]
+    assert "tiny-math T=0" in headline_table and "newlines" not in headline_table
+    assert "**newlines**, where 88% of the vanilla decoder's greedy output is one token (id 3)" in md
+    assert "| base | 4.00x / 0.00 |" in md.split("Left out")[1]  # its rows are still reported, in their own table
+    # the figures of all records are the figures of the headline records, byte for byte; drawn with the degenerate
+    # benchmark (fig2 called directly), the same figure differs
+    whole = draw_all(recs, tmp_path / "all")["fig2_acceptance.png"].read_bytes()
+    assert whole == draw_all(headline(recs), tmp_path / "head")["fig2_acceptance.png"].read_bytes()
+    assert whole != figures.fig2_acceptance(recs, tmp_path / "with_newlines.png").read_bytes()
