@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import torch
 
 from streakline.models import KVCache, Transformer
-from streakline.models.kv_cache import resolve_engine
 
 from .acceptance import get_rule
 from .kernels import compact_kv
@@ -146,13 +145,11 @@ def generate(
     # the verifier scores the prompt, the new tokens and one draft window past them (before any allocation: a
     # gamma of 100000 is refused here, not by the allocator)
     check_positions(verifier, P, cfg.max_new_tokens + G, "verifier", "max_new_tokens + gamma")
-    # Rows share one cache length, each cycle growing it by the longest accepted path among them, so a batch can use
-    # up to B x (new tokens + a tree) slots past the prompt. A growing (eager) cache starts at two rows' worth; a
-    # static one cannot grow and takes the bound.
-    engine = resolve_engine(verifier, cfg.engine)
-    rows_bound = 2 if engine == "eager" else max(2, B)
-    capacity = P + rows_bound * (cfg.max_new_tokens + K * G + 1)
-    cache = KVCache.for_model(verifier, B, capacity, engine=engine)
+    # Rows share one cache length, each cycle growing it by the longest accepted path among them, so a batch can in
+    # the worst case use B x (new tokens + a tree) slots past the prompt; the cache starts at two rows' worth (what
+    # a batch needs in practice; the worst case would cost B times the memory) and grows if a batch needs more.
+    capacity = P + 2 * (cfg.max_new_tokens + K * G + 1)
+    cache = KVCache.for_model(verifier, B, capacity, engine=cfg.engine)
     try:
         return _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop, generator, metrics, clock,
                        wall)  # fmt: skip

@@ -19,7 +19,8 @@ Two engines (``ENGINES``; ``resolve_engine`` turns ``auto`` into one of them for
   the fast paths of ``masks.build_mask`` skip the mask where they can. The CPU default.
 - ``static``: fixed capacity (rounded up to ``STATIC_ROUND`` slots) and fixed shapes: new keys/values are written with
   ``index_copy_`` at slot ids held in a device tensor, ``update`` returns the whole capacity, and the mask (built
-  over every slot; unused ones are invalid) has the same shape every step. A step's kernels then never change, which
+  over every slot; unused ones are invalid) has the same shape every step. It is sized like the eager one and, in
+  the rare batch that outgrows it, doubles (new tensors, new graphs). A step's kernels then never change, which
   is what lets ``graphs`` replay them (``models/graphs.py``), and what keeps the GPU's attention kernels from
   re-planning per length.
 - ``graphs``: ``static`` plus CUDA graphs of each cached forward after the prefill (``GRAPHS_BY_DEFAULT`` says
@@ -158,7 +159,7 @@ class KVCache:
             pool = model.__dict__.setdefault("_cache_pool", _Pool())
             for cache in pool:
                 if (not cache.in_use and cache.engine == engine and cache.batch_size == batch_size
-                        and cache.capacity == capacity and cache.version == 0):  # fmt: skip
+                        and cache.capacity == capacity):  # fmt: skip
                     cache.reset()
                     return cache
         layers: dict[torch.device, int] = {}  # per device, over all its runs
@@ -204,11 +205,11 @@ class KVCache:
         return pos.max(dim=1).values + 1
 
     def _grow(self, needed: int) -> None:
+        # A static cache grows too (rarely: a speculative batch whose rows keep different lengths can outgrow the
+        # usual bound). Its tensors are replaced, so graphs captured on the old ones are dropped (version) and the
+        # next forwards record new ones at the new capacity.
         if self.static:
-            raise ValueError(
-                f"a static KV cache holds {self.capacity} slots and this forward needs {needed}; the decoder sized "
-                "it too small (a bug: please report it)"
-            )
+            self.version += 1
         cap = self.capacity
         while cap < needed:
             cap *= 2

@@ -87,7 +87,7 @@ def test_static_engine_block_decoders(rule, temperature):
     assert out["static"][2] == out["static"][0]  # and SPOT stays lossless on the static engine
 
 
-def test_static_cache_is_fixed_pooled_and_refuses_to_grow():
+def test_static_cache_is_fixed_pooled_and_grows_only_when_outgrown():
     model = verifier(seed=0)
     cache = KVCache.for_model(model, 2, capacity=10, engine="static")
     assert cache.static and cache.capacity == STATIC_ROUND  # rounded up: similar prompts share a pooled cache
@@ -95,8 +95,6 @@ def test_static_cache_is_fixed_pooled_and_refuses_to_grow():
     pos = torch.arange(3).expand(2, 3)
     model.hidden(torch.ones(2, 3, dtype=torch.long), position_ids=pos, cache=cache)
     assert cache.length == 3 and cache.k is k_before  # written in place, never reallocated
-    with pytest.raises(ValueError, match="static KV cache holds"):
-        cache.begin(torch.zeros(2, STATIC_ROUND, dtype=torch.long), None)
     # in use: a second request gets another cache; released: the same one comes back, emptied
     other = KVCache.for_model(model, 2, capacity=100, engine="static")
     assert other is not cache
@@ -105,6 +103,13 @@ def test_static_cache_is_fixed_pooled_and_refuses_to_grow():
     assert again is cache and again.length == 0 and not bool(again.valid.any())
     assert KVCache.for_model(model, 3, capacity=100, engine="static") is not cache  # another batch size
     assert copy.deepcopy(model).__dict__["_cache_pool"] == []  # a copy of the model starts without the original's
+    # outgrown (a speculative batch whose rows keep different lengths): new, doubled tensors and a new version, so
+    # graphs recorded on the old tensors are dropped; what was cached is kept
+    model.hidden(torch.ones(2, 3, dtype=torch.long), position_ids=pos, cache=again)
+    k3 = again.k[:, :, :, :3].clone()
+    again.begin(torch.zeros(2, STATIC_ROUND, dtype=torch.long), None)
+    assert again.capacity == 2 * STATIC_ROUND and again.version == 1 and again.k is not k_before
+    assert torch.equal(again.k[:, :, :, :3], k3)
     eager = KVCache.for_model(model, 2, capacity=10, engine="eager")
     assert not eager.static and eager.capacity == 10
 
