@@ -352,6 +352,9 @@ class EvaluateStage(StageConfig):
     block: bool = True  # add static / threshold / spiffy / spot rows when their artifacts exist
     threads: int = 1  # torch threads per evaluation process (wall-clock numbers on a shared machine)
     figures: bool = True
+    # a benchmark where one token id is more than this share of the reference's greedy output is degenerate and
+    # kept out of the headline table and the figures (docs/evaluation.md); 1.0 keeps every benchmark in
+    degenerate_share: float = 0.5
 
 
 @dataclass

@@ -17,9 +17,10 @@ Record fields (``RECORD_FIELDS`` is the schema; tests check every record has the
   ``nfe``, ``nfe_per_token``, ``forward_reduction`` (the reference's NFE per token over this one's);
 - ``lossless`` and ``lossless_check`` (see ``lossless.py``), ``wall_s``;
 - ``reference_top_share``, ``reference_top_token``: how much of the reference decoder's temperature-0 output on that
-  benchmark is its single most frequent token (None in records from before the field). Above ``DEGENERATE_SHARE``
-  the benchmark is *degenerate* (the verifier repeats one token: every drafter that learns it looks perfect), and
-  ``headline`` keeps it out of the headline tables and the figures; its rows get a table of their own.
+  benchmark is its single most frequent token (None in records from before the field); ``degenerate``: that share
+  is above ``stage.degenerate_share`` (default ``DEGENERATE_SHARE``): the verifier repeats one token there, so every
+  drafter that learns it looks perfect, and ``headline`` keeps the benchmark out of the headline tables and the
+  figures; its rows get a table of their own.
 
     records = finalize(records)   # fills speedup / forward_reduction from the references
     write_results(out_dir, records, meta)
@@ -38,7 +39,8 @@ from streakline.artifacts import package_versions, write_json_atomic, write_text
 from streakline.decoding.registry import REFERENCE
 
 SCHEMA_VERSION = 1
-# A benchmark where one token id is more than this share of the reference's greedy output is degenerate. The tiny
+# The default of stage.degenerate_share: a benchmark where one token id is more than this share of the reference's
+# greedy output is degenerate. The tiny
 # verifier's tiny-code output is 100% newlines; on tiny-math the most frequent token is 18% (a digit); real models'
 # outputs on real benchmarks sit far below this too.
 DEGENERATE_SHARE = 0.5
@@ -100,12 +102,11 @@ def finalize(records: list[dict]) -> list[dict]:
 
 def degenerate(records: list[dict]) -> dict[tuple[str, str], tuple[float, int]]:
     """``{(family, benchmark): (share, token id)}`` of the degenerate benchmarks (module docstring)."""
-    out = {}
-    for r in records:
-        share = r.get("reference_top_share")
-        if share is not None and share > DEGENERATE_SHARE:
-            out[(r["family"], r["benchmark"])] = (share, r.get("reference_top_token"))
-    return out
+    return {
+        (r["family"], r["benchmark"]): (r["reference_top_share"], r.get("reference_top_token"))
+        for r in records
+        if r.get("degenerate")
+    }
 
 
 def headline(records: list[dict]) -> list[dict]:

@@ -34,7 +34,7 @@ from streakline.decoding.registry import (
 
 from .lossless import exact_check, sampled_check
 from .methods import DECODER_OVERRIDES, EvalMethod
-from .results import finalize
+from .results import DEGENERATE_SHARE, finalize
 from .runner import run_block, run_speculative, sequence_logprobs
 
 family = decoder_family  # "block" (the block-diffusion target's decoders) or "speculative" (the verifier's)
@@ -221,11 +221,12 @@ def check_lossless(rows: list[dict]) -> None:
         r.update(lossless=check["lossless"], lossless_check=check)
 
 
-def mark_reference_diversity(rows: list[dict]) -> None:
+def mark_reference_diversity(rows: list[dict], threshold: float = DEGENERATE_SHARE) -> None:
     """Give every row ``reference_top_share``: the share of the most frequent token id in its family's reference
-    output (vanilla or static) at temperature 0 on that benchmark, and ``reference_top_token`` (that id). A share
-    near 1 means the verifier (target) repeats one token there: any drafter that learns it accepts every draft, so
-    the benchmark measures nothing about alignment (``results.headline`` keeps it out of the headline)."""
+    output (vanilla or static) at temperature 0 on that benchmark, ``reference_top_token`` (that id), and
+    ``degenerate`` (the share is above ``threshold``). A share near 1 means the verifier (target) repeats one token
+    there: any drafter that learns it accepts every draft, so the benchmark measures nothing about alignment
+    (``results.headline`` keeps it out of the headline)."""
     share: dict[tuple[str, str], tuple[float, int]] = {}
     for r in rows:
         if r["decoder"] in REFERENCE_DECODERS and r["temperature"] == 0 and r["decoder"] == REFERENCE[r["family"]]:
@@ -237,6 +238,7 @@ def mark_reference_diversity(rows: list[dict]) -> None:
     for r in rows:
         top = share.get((r["family"], r["benchmark"]))
         r["reference_top_share"], r["reference_top_token"] = top if top is not None else (None, None)
+        r["degenerate"] = top is not None and top[0] > threshold
 
 
 def with_references(methods: list[EvalMethod]) -> list[EvalMethod]:
@@ -259,7 +261,7 @@ def evaluate_methods(cfg: DictConfig, methods: list[EvalMethod], prompts: dict, 
     job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
     rows = _evaluate_all(cfg, job, methods)
     check_lossless(rows)
-    mark_reference_diversity(rows)
+    mark_reference_diversity(rows, float(ev.get("degenerate_share", DEGENERATE_SHARE)))
     return finalize([{k: v for k, v in r.items() if k not in ("tokens", "logprobs")} for r in rows])
 
 

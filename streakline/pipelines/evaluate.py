@@ -49,6 +49,11 @@ class Evaluate(Stage):
     def check(self, cfg: DictConfig) -> None:
         if not cfg.stage.benchmarks or not cfg.stage.temperatures:
             raise ConfigError("stage.benchmarks and stage.temperatures must not be empty")
+        if not 0 < cfg.stage.degenerate_share <= 1:
+            raise ConfigError(
+                f"stage.degenerate_share={cfg.stage.degenerate_share} must be in (0, 1]: the share of one token in the "
+                "reference's output above which a benchmark leaves the headline (1 keeps every benchmark)"
+            )
         if cfg.decoder.acceptance == "exact_greedy" and any(T > 0 for T in cfg.stage.temperatures):
             raise ConfigError(
                 "decoder.acceptance=exact_greedy is lossless only at temperature 0, but stage.temperatures="

@@ -167,6 +167,10 @@ def test_a_degenerate_benchmark_is_kept_out_of_the_headline_and_the_figures(tmp_
     assert by[("base", "newlines", 0.0)]["reference_top_share"] == pytest.approx(7 / 8)
     assert by[("base", "newlines", 0.0)]["reference_top_token"] == 3
     assert by[("base", "tiny-math", 0.0)]["reference_top_share"] == pytest.approx(2 / 8)
+    assert [r["degenerate"] for r in rows] == [False, True, True, False, True]
+    loose = [dict(r) for r in rows]
+    mark_reference_diversity(loose, threshold=0.9)  # stage.degenerate_share=0.9: 7/8 is not above it
+    assert not any(r["degenerate"] for r in loose)
     recs = finalize([{k: v for k, v in r.items() if k != "tokens"} for r in rows])
     assert [r["benchmark"] for r in headline(recs)] == ["tiny-math", "tiny-math"]
     md = markdown(recs, {"experiment": "x"})

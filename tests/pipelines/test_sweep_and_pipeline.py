@@ -14,7 +14,9 @@ from streakline.pipelines.common.lookup import stage_overrides
 from streakline.world import attach_world
 from tests.pipelines.test_distill import DATA, TRAIN
 
-EVAL = ["settings.evaluate.benchmarks=[tiny-math]", "settings.evaluate.prompts=2", "settings.evaluate.max_new_tokens=8"]
+# the micro verifier repeats one token: degenerate_share=1 keeps tiny-math in the headline, so the figures are drawn
+EVAL = ["settings.evaluate.benchmarks=[tiny-math]", "settings.evaluate.prompts=2", "settings.evaluate.max_new_tokens=8",
+        "settings.evaluate.degenerate_share=1.0"]  # fmt: skip
 
 
 def _common(root, experiment):
