@@ -79,15 +79,7 @@ class Attention(nn.Module):
 
     def fuse(self) -> None:
         """One ``[q; k; v]`` matrix in place of three (no copy kept: the state dict splits it back on save)."""
-        if self.qkv_proj is not None:
-            return
-        parts = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_proj = _concat_linear(parts)
-        del self.q_proj, self.k_proj, self.v_proj
-        self._fused_names = ("q_proj", "k_proj", "v_proj")
-        self._fused_sizes = [p.out_features for p in parts]
-        self._register_state_dict_hook(_split_fused)
-        self._register_load_state_dict_pre_hook(_join_fused(self))
+        _fuse(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
 
     def forward(self, x, cos, sin, mask, is_causal, cache: KVCache | None, layer: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -117,14 +109,7 @@ class MLP(nn.Module):
         self.gate_up_proj: nn.Linear | None = None  # fuse(): gate and up in one matrix (inference)
 
     def fuse(self) -> None:
-        if self.gate_up_proj is not None:
-            return
-        self.gate_up_proj = _concat_linear((self.gate_proj, self.up_proj))
-        del self.gate_proj, self.up_proj
-        self._fused_names = ("gate_proj", "up_proj")
-        self._fused_sizes = [self.gate_up_proj.out_features // 2] * 2
-        self._register_state_dict_hook(_split_fused)
-        self._register_load_state_dict_pre_hook(_join_fused(self))
+        _fuse(self, "gate_up_proj", ("gate_proj", "up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
@@ -133,8 +118,12 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _concat_linear(parts) -> nn.Linear:
-    """One Linear whose output is the concatenation of ``parts``' outputs (same input, same dtype and device)."""
+def _fuse(module: nn.Module, fused_name: str, names: tuple[str, ...]) -> None:
+    """Replace ``module``'s Linear children ``names`` (same input) by one Linear ``fused_name`` whose output is their
+    concatenation; the state dict keeps (and a loaded one may give) the separate names. Idempotent."""
+    if getattr(module, fused_name) is not None:
+        return
+    parts = [getattr(module, n) for n in names]
     w = parts[0].weight
     bias = parts[0].bias is not None
     fused = nn.Linear(w.shape[1], sum(p.out_features for p in parts), bias=bias, device=w.device, dtype=w.dtype)
@@ -143,18 +132,23 @@ def _concat_linear(parts) -> nn.Linear:
         if bias:
             fused.bias.copy_(torch.cat([p.bias for p in parts]))
     fused.requires_grad_(w.requires_grad)
-    return fused
+    setattr(module, fused_name, fused)
+    for n in names:
+        delattr(module, n)
+    module._fused = (fused_name, names, [p.out_features for p in parts])
+    module._register_state_dict_hook(_split_fused)
+    module._register_load_state_dict_pre_hook(_join_fused(module))
 
 
 def _split_fused(module, state_dict, prefix, local_metadata) -> None:
     """State-dict hook of a fused module: the checkpoint's names (q_proj/k_proj/v_proj, gate_proj/up_proj) again,
     so saving, exporting and comparing a fused model sees what an unfused one has."""
-    fused_name = "qkv_proj" if "q_proj" in module._fused_names else "gate_up_proj"
+    fused_name, names, sizes = module._fused
     for kind in ("weight", "bias"):
         t = state_dict.pop(f"{prefix}{fused_name}.{kind}", None)
         if t is None:
             continue
-        for name, part in zip(module._fused_names, t.split(module._fused_sizes), strict=True):
+        for name, part in zip(names, t.split(sizes), strict=True):
             state_dict[f"{prefix}{name}.{kind}"] = part.clone()  # own storage: safetensors refuses shared tensors
 
 
@@ -162,9 +156,9 @@ def _join_fused(module):
     """Load-state-dict pre-hook of a fused module: a checkpoint's separate matrices are concatenated on the way in."""
 
     def hook(state_dict, prefix, *_args) -> None:
-        fused_name = "qkv_proj" if "q_proj" in module._fused_names else "gate_up_proj"
+        fused_name, names, _ = module._fused
         for kind in ("weight", "bias"):
-            keys = [f"{prefix}{name}.{kind}" for name in module._fused_names]
+            keys = [f"{prefix}{name}.{kind}" for name in names]
             if all(k in state_dict for k in keys):
                 state_dict[f"{prefix}{fused_name}.{kind}"] = torch.cat([state_dict.pop(k) for k in keys])
 
@@ -316,21 +310,14 @@ def _graph_runner(model: Transformer, cache: KVCache | None, graphed: bool, mask
     if cache is not None:
         if cache.engine != "graphs" or cache.length == 0:
             return None
-        owner = cache
-    elif graphed and model.embed.weight.device.type == "cuda":
-        owner = model
-    else:
+    elif not (graphed and model.embed.weight.device.type == "cuda"):
         return None
     from .graphs import GraphRunner  # CUDA-only machinery, loaded on first use
 
-    runner = model.__dict__.get("_graphs") if owner is model else cache.graphs
-    if runner is None:
-        runner = GraphRunner(model, cache)
-        if owner is model:
-            model.__dict__["_graphs"] = runner  # a plain attribute (not a submodule, buffer or parameter)
-        else:
-            cache.graphs = runner
-    return runner
+    owner = cache if cache is not None else model  # the graphs live with the tensors they were recorded on
+    if getattr(owner, "graphs", None) is None:
+        owner.graphs = GraphRunner(model, cache)  # on a model: a plain attribute (not a submodule or buffer)
+    return owner.graphs
 
 
 def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
