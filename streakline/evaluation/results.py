@@ -111,8 +111,7 @@ def degenerate(records: list[dict]) -> dict[tuple[str, str], tuple[float, int]]:
 
 def headline(records: list[dict]) -> list[dict]:
     """The records of the benchmarks that are not degenerate: what the headline tables and the figures show."""
-    bad = degenerate(records)
-    return [r for r in records if (r["family"], r["benchmark"]) not in bad]
+    return [r for r in records if not r.get("degenerate")]
 
 
 def distill_loss(record: dict) -> str | None:
@@ -231,7 +230,7 @@ def markdown(records: list[dict], meta: dict) -> str:
     ):
         everything = [r for r in records if r["family"] == family]
         rows = headline(everything)
-        left_out = [r for r in everything if r not in rows]
+        left_out = [r for r in everything if r.get("degenerate")]
         if not everything:
             continue
         lines += [title, "", *_table(rows, cell)]

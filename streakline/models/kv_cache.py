@@ -77,6 +77,11 @@ def check_room(nbytes: int, device: torch.device | str, what: str, fix: str) -> 
         )
 
 
+def _static_capacity(slots: int) -> int:
+    """A static cache's capacity for ``slots``: rounded up to a multiple of ``STATIC_ROUND``."""
+    return -(-slots // STATIC_ROUND) * STATIC_ROUND
+
+
 def device_runs(devices) -> list[tuple[int, int, torch.device]]:
     """``(first layer, end layer, device)`` of each run of consecutive layers on one device, in layer order."""
     runs: list[tuple[int, int, torch.device]] = []
@@ -110,7 +115,7 @@ class KVCache:
         self.engine = engine
         self.static = engine != "eager"
         if self.static:
-            capacity = -(-capacity // STATIC_ROUND) * STATIC_ROUND
+            capacity = _static_capacity(capacity)
         devices = [torch.device(d) for d in (layer_devices or [device] * num_layers)]
         if len(devices) != num_layers:
             raise ValueError(f"layer_devices names {len(devices)} devices for {num_layers} layers")
@@ -155,7 +160,7 @@ class KVCache:
         layer_devices = getattr(model, "layer_devices", None)
         engine = resolve_engine(model, engine)
         if engine != "eager":
-            capacity = -(-capacity // STATIC_ROUND) * STATIC_ROUND
+            capacity = _static_capacity(capacity)
             pool = model.__dict__.setdefault("_cache_pool", _Pool())
             for cache in pool:
                 if (not cache.in_use and cache.engine == engine and cache.batch_size == batch_size
