@@ -81,14 +81,28 @@ class Attention(nn.Module):
         """One ``[q; k; v]`` matrix in place of three (no copy kept: the state dict splits it back on save)."""
         _fuse(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
 
-    def forward(self, x, cos, sin, mask, is_causal, cache: KVCache | None, layer: int) -> torch.Tensor:
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if self.qkv_proj is not None:
             q, k, v = self.qkv_proj(x).split([h * d, hkv * d, hkv * d], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k, v = q.view(B, T, h, d), k.view(B, T, hkv, d), v.view(B, T, hkv, d)
+        return q.view(B, T, h, d), k.view(B, T, hkv, d), v.view(B, T, hkv, d)
+
+    def keys_values(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[B, Hkv, T, D]`` of ``x`` (rotated at ``cos``/``sin``) without queries or attention:
+        the rows a DFlash drafter's context adds to every layer (``dflash.py``)."""
+        _, k, v = self._project(x)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    def forward(self, x, cos, sin, mask, is_causal, cache: KVCache | None, layer: int, context=None) -> torch.Tensor:
+        """context: ``(k, v)`` rows ``[B, Hkv, C, D]`` placed before this forward's (and the cache's) keys; the
+        mask's key axis then starts with them."""
+        B, T, _ = x.shape
+        q, k, v = self._project(x)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q.transpose(1, 2), cos, sin)
@@ -96,6 +110,8 @@ class Attention(nn.Module):
         v = v.transpose(1, 2)
         if cache is not None:
             k, v = cache.update(layer, k, v)
+        if context is not None:
+            k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)
         out = attend(q, k, v, mask, is_causal)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -192,16 +208,7 @@ class Transformer(nn.Module):
 
     def init_weights(self, seed: int | None = None, std: float = 0.02) -> Transformer:
         """Fresh weights: normal(0, std) matrices, zero biases, unit norms. Deterministic for a seed."""
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        for name, p in self.named_parameters():
-            with torch.no_grad():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith(".bias"):
-                    p.zero_()
-                else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * std)
-        return self
+        return init_weights(self, seed, std)
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -219,8 +226,9 @@ class Transformer(nn.Module):
         prefix_len: torch.Tensor | int | None = None,
         attn_mask: torch.Tensor | None = None,
         graphed: bool = False,
-    ) -> torch.Tensor:
-        """Final normalised hidden states ``[B, T, hidden]``.
+        aux_layers: tuple[int, ...] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Final normalised hidden states ``[B, T, hidden]`` (and, with ``aux_layers``, the chosen layers' states).
 
         input_ids: ``[B, T]`` new tokens (after whatever ``cache`` holds).
         attention_mask: ``[B, T]`` 1 = real token, 0 = left padding (a ``[B, past+T]`` mask is accepted and
@@ -231,6 +239,10 @@ class Transformer(nn.Module):
         attn_mask: explicit boolean mask ``[B, T, past+T]`` or ``[B, T, T]`` (True = may attend).
         graphed: replay a CUDA graph for this cache-less forward (a full-attention drafter's window on the ``graphs``
             engine; the caller keeps its shapes few). Cached forwards follow their cache's engine instead.
+        aux_layers: layer ids whose residual stream is also returned, concatenated in the given order
+            ``[B, T, len(ids) * hidden]`` (what a DFlash drafter is conditioned on). Id ``i`` is the stream entering
+            layer ``i`` (0: the embeddings; ``num_layers``: the last layer's output before the final norm), the
+            convention of vLLM and ``speculators``. Such forwards run eagerly (no CUDA graph).
         """
         if self.layer_devices is not None:  # placed: the inputs go where the embedding is, from wherever they are
             home = self.embed.weight.device
@@ -257,28 +269,42 @@ class Transformer(nn.Module):
         )
         if cache is not None:
             cache.begin(position_ids, valid)
-        runner = _graph_runner(self, cache, graphed, mask)
+        runner = None if aux_layers else _graph_runner(self, cache, graphed, mask)
+        aux = None
         if runner is not None:
             x = runner.run(input_ids, position_ids, mask)
+        elif aux_layers:
+            x, aux = self.body(input_ids, position_ids, mask, is_causal, cache, aux_layers=tuple(aux_layers))
         else:
             x = self.body(input_ids, position_ids, mask, is_causal, cache)
         if cache is not None:
             cache.commit()
-        return x
+        return x if aux is None else (x, aux)
 
-    def body(self, input_ids, position_ids, mask, is_causal, cache: KVCache | None) -> torch.Tensor:
+    def body(self, input_ids, position_ids, mask, is_causal, cache: KVCache | None, aux_layers: tuple[int, ...] = ()):
         """Embedding, layers and final norm of one forward whose mask and cache slots are prepared (``hidden``); the
-        part a CUDA graph captures."""
+        part a CUDA graph captures. With ``aux_layers``: ``(hidden, aux)`` (see ``hidden``)."""
+        bad = [i for i in aux_layers if not 0 <= i <= self.config.num_layers]
+        if bad:
+            raise ValueError(f"aux layer ids {bad} are outside 0..{self.config.num_layers} (the model's layer count)")
+        kept: dict[int, torch.Tensor] = {}
         x = self.embed(input_ids)
         cos, sin = rotary_tables(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                kept[i] = x
             if self.layer_devices is not None and x.device != self.layer_devices[i]:  # the next run's device
                 x, cos, sin, mask = (_to(t, self.layer_devices[i]) for t in (x, cos, sin, mask))
             if self.gradient_checkpointing and self.training and cache is None:
                 x = checkpoint(layer, x, cos, sin, mask, is_causal, None, i, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, mask, is_causal, cache, i)
-        return self.norm(x.to(self.norm.weight.device))
+        out = self.norm(x.to(self.norm.weight.device))
+        if not aux_layers:
+            return out
+        kept[self.config.num_layers] = x
+        home = out.device
+        return out, torch.cat([kept[i].to(home) for i in aux_layers], dim=-1)
 
     def fuse_projections(self) -> Transformer:
         """For inference: q/k/v and gate/up become one matrix each in every layer (two matmuls fewer per layer and
@@ -299,6 +325,21 @@ class Transformer(nn.Module):
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.logits(h).to(input_ids.device)
+
+
+def init_weights(module: nn.Module, seed: int | None = None, std: float = 0.02):
+    """``module`` with fresh weights: normal(0, std) matrices, zero biases, unit norms; deterministic for a seed
+    (drawn on the CPU in parameter order, so every machine starts from the same weights)."""
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    for name, p in module.named_parameters():
+        with torch.no_grad():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return module
 
 
 def _graph_runner(model: Transformer, cache: KVCache | None, graphed: bool, mask):
