@@ -1,7 +1,8 @@
 """Drafters: what proposes the draft tokens a speculative decoder verifies (docs/algorithms.md sections 1 and 3).
 
-Two kinds, registered in ``DRAFTERS`` (the one registry of drafter kinds; ``registry.DECODER_SPECS`` names one for
-each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``):
+Three kinds, registered in ``DRAFTERS`` (the one registry of drafter kinds; ``registry.DECODER_SPECS`` names one for
+each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``; ``dflash`` has no
+decoder of the stages yet):
 
 - ``ar``: a small causal LM proposes gamma tokens one forward at a time (SpS / Leviathan), one chain (K = 1).
   Any causal checkpoint works; a ``prefix_causal`` diffusion drafter is run in ``causal`` mode, which is the causal
@@ -12,6 +13,9 @@ each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` ->
   masks are cropped after each forward); a ``full`` drafter recomputes the whole context every cycle because its
   prefix attends to the masks. Shifted drafters (Dream, DiffuCoder) read slot j from the logit one position to its
   left; unshifted ones (LLaDA, the tiny drafter) from the slot itself.
+- ``dflash``: a DFlash drafter (``models/dflash.py``) drafts ``[pending token, MASK x gamma]`` in one forward after a
+  cached context of the verifier's own layer states, which ``speculative.generate`` hands it (``feature_layers``,
+  ``propose(..., features=, feature_valid=)``); K chains as for ``diffusion``.
 
 Both speak the same protocol to the decoding loop in ``speculative.py``:
 
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from streakline.models import KVCache, Transformer
+from streakline.models.dflash import block_inputs
 from streakline.models.kv_cache import resolve_engine
 from streakline.models.masks import default_positions
 
@@ -91,7 +96,20 @@ def _positions(cache: KVCache, valid: torch.Tensor | None, B: int, n: int, devic
     return default_positions(valid, B, n, start, device)
 
 
-class ARDrafter:
+class _CachedDrafter:
+    """What every drafter with its own KV cache does the same way: hand the cache back, keep rows."""
+
+    cache: KVCache | None = None
+
+    def release(self) -> None:
+        if self.cache is not None:
+            self.cache.release()
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        self.cache.keep_rows(index)
+
+
+class ARDrafter(_CachedDrafter):
     """A causal LM drafting gamma tokens autoregressively (gamma forwards per cycle), one chain."""
 
     kind = "ar"
@@ -104,13 +122,6 @@ class ARDrafter:
     def reset(self, batch_size: int, capacity: int, engine: str | None = None) -> None:
         self.release()
         self.cache = KVCache.for_model(self.model, batch_size, capacity, engine=engine)
-
-    def release(self) -> None:
-        if self.cache is not None:
-            self.cache.release()
-
-    def keep_rows(self, index: torch.Tensor) -> None:
-        self.cache.keep_rows(index)
 
     @torch.no_grad()
     def propose(self, new_ids, new_valid, *, gamma: int, K: int, generator, iid: bool) -> Proposal:
@@ -141,7 +152,7 @@ class ARDrafter:
         return Proposal(tokens=tokens, q=q, forwards=max(gamma, 1))
 
 
-class DiffusionDrafter:
+class DiffusionDrafter(_CachedDrafter):
     """A masked-diffusion drafter: one forward gives gamma marginals, K chains are drawn from them."""
 
     kind = "diffusion"
@@ -172,10 +183,6 @@ class DiffusionDrafter:
         if self.cached:
             self.cache = KVCache.for_model(self.model, batch_size, capacity, engine=engine)
         self.ids = self.valid = None
-
-    def release(self) -> None:
-        if self.cache is not None:
-            self.cache.release()
 
     def keep_rows(self, index: torch.Tensor) -> None:
         if self.cached:
@@ -229,5 +236,50 @@ class DiffusionDrafter:
         return Proposal(tokens=tokens, q=q, forwards=1)
 
 
+class DFlashDrafter(_CachedDrafter):
+    """A DFlash drafter (``models/dflash.py``): one forward over ``[pending token, MASK x gamma]`` after a cached
+    context of the verifier's own layer states, drafted with the verifier's embedding and head; K chains.
+
+    It reads what no other drafter does: ``feature_layers`` tells ``speculative.generate`` which verifier layers to
+    return, and ``propose`` gets ``features`` ``[B, m, F]`` (right-aligned, ``feature_valid`` marks real rows): the
+    states of the tokens that entered the verifier's cache since the previous call (the prompt but its last token at
+    first; then the previous pending token and the accepted drafts). Every committed token but the pending one is
+    then in the drafter's context, exactly as in training (``models.dflash.packed_blocks``)."""
+
+    kind = "dflash"
+
+    def __init__(self, model, *, temperature: float = 1.5, top_k: int | None = 64) -> None:
+        if getattr(model, "dflash", None) is None:
+            raise ValueError("decoder=dflash_draft needs a DFlash drafter model (streakline.models.dflash.DFlashModel)")
+        self.model, self.temperature, self.top_k = model, temperature, top_k
+        self.feature_layers = model.dflash.target_layer_ids
+        self.cache: KVCache | None = None
+        self.allowed: torch.Tensor | None = None  # the protocol's field; a DFlash drafter shares the verifier's vocab
+
+    def reset(self, batch_size: int, capacity: int, engine: str | None = None) -> None:
+        self.release()
+        # eager: the context grows by a ragged number of rows a cycle; the static engine is for the verifier
+        self.cache = KVCache.for_model(self.model, batch_size, capacity, engine="eager")
+
+    @torch.no_grad()
+    def propose(
+        self, new_ids, new_valid, *, gamma: int, K: int, generator, iid: bool, features=None, feature_valid=None
+    ) -> Proposal:
+        block_size = self.model.dflash.block_size
+        if gamma > block_size - 1:
+            raise ValueError(
+                f"a DFlash drafter with block size {block_size} drafts at most {block_size - 1} tokens a cycle; "
+                f"got gamma={gamma} (set decoder.gamma <= {block_size - 1})"
+            )
+        if features is None:
+            raise ValueError("a DFlash drafter drafts from the verifier's layer states: pass features (generate does)")
+        self.model.add_context(features, self.cache, feature_valid)
+        block = block_inputs(new_ids[:, -1], gamma + 1, self.model.dflash.mask_token_id)
+        logits = self.model.draft(block, self.cache)[:, 1:]  # slot 0 holds the pending token itself
+        q = draft_distribution(_restrict(logits, self.allowed), self.temperature, self.top_k)
+        tokens = sample_chains(q, K, generator, argmax_first=not iid)
+        return Proposal(tokens=tokens, q=q, forwards=1)
+
+
 # drafter kind -> class; registry.SPECULATIVE maps each speculative decoder to one of these (vanilla: none)
-DRAFTERS = {"ar": ARDrafter, "diffusion": DiffusionDrafter}
+DRAFTERS = {"ar": ARDrafter, "diffusion": DiffusionDrafter, "dflash": DFlashDrafter}

@@ -159,6 +159,20 @@ def generate(
             drafter.release()
 
 
+def _path_states(aux, tree: ChainTree, res, width: int, keep_rows: list[int] | None) -> torch.Tensor:
+    """``[b, width, F]`` verifier layer states of each row's accepted path (pending token, then the accepted drafts),
+    right-aligned like the next ``new_ids``; ``aux`` ``[B, 1 + K*G, F]`` are the tree forward's states and
+    ``keep_rows`` the rows still decoding (None: all)."""
+    accepted, chosen = res.accepted, res.chosen
+    if keep_rows is not None:
+        index = torch.tensor(keep_rows, device=aux.device)
+        aux, accepted, chosen = aux[index], accepted[index], chosen[index]
+    path = tree.path_index(chosen, 0, width)  # [b, width]: tree slot of path node i, left-aligned
+    src = torch.arange(width, device=aux.device)[None] - (width - 1 - accepted)[:, None]  # right-aligned
+    slots = path.gather(1, src.clamp(min=0))
+    return aux.gather(1, slots[..., None].expand(-1, -1, aux.shape[-1]))
+
+
 def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop, generator, metrics, clock, wall):
     """The loop of ``generate`` (module docstring) on a cache sized for ``capacity`` slots."""
     device = ids.device
@@ -166,9 +180,18 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
     G = cfg.gamma if drafter is not None else 0
     K = cfg.K if drafter is not None else 1
     ragged = bool((mask == 0).any())
+    # a drafter conditioned on the verifier's layer states (DFlash) names the layers; every verifier forward then
+    # also returns them, and the drafter gets those of the tokens each forward put in the cache
+    layers = getattr(drafter, "feature_layers", None)
+    feats = None
+    if layers:
+        width = len(layers) * verifier.config.hidden_size
+        feats = {"features": verifier.embed.weight.new_zeros(B, 0, width), "feature_valid": None}
     if P > 1:
         pre = mask[:, :-1]
-        verifier.hidden(ids[:, :-1], attention_mask=pre if ragged else None, cache=cache)
+        fwd = verifier.hidden(ids[:, :-1], attention_mask=pre if ragged else None, cache=cache, aux_layers=layers)
+        if layers:
+            feats = {"features": fwd[1], "feature_valid": pre.bool() if ragged else None}
         metrics.nfe += 1
     pending = ids[:, -1]
     pos = mask.sum(1) - 1  # position id of the pending token
@@ -188,7 +211,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
         b = len(rows)
         q = None
         if drafter is not None:
-            proposal = drafter.propose(new_ids, new_valid, gamma=G, K=K, generator=generator, iid=iid)
+            proposal = drafter.propose(new_ids, new_valid, gamma=G, K=K, generator=generator, iid=iid, **(feats or {}))
             drafts = proposal.tokens
             q = proposal.q if rule.needs_q else None
             metrics.drafter_forwards += proposal.forwards
@@ -196,9 +219,15 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
             drafts = torch.zeros(b, 1, 0, dtype=torch.long, device=device)
         clock.lap("draft")
 
-        logits = verifier(
-            tree.tokens(pending, drafts), position_ids=tree.positions(pos), cache=cache, attn_mask=tree.mask(b)
+        fwd = verifier.hidden(
+            tree.tokens(pending, drafts),
+            position_ids=tree.positions(pos),
+            cache=cache,
+            attn_mask=tree.mask(b),
+            aux_layers=layers,
         )
+        aux = fwd[1] if layers else None
+        logits = verifier.logits(fwd[0] if layers else fwd).to(device)
         metrics.nfe += 1
         clock.lap("verify")
 
@@ -265,6 +294,9 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
             emitted = [emitted[i] for i in keep_rows]
         if rows and drafter is not None:
             new_ids, new_valid = _segments(emitted, device)
+            if layers:  # the states of [pending, accepted drafts]: one per new token, aligned with new_ids
+                kept = keep_rows if finished else None
+                feats = {"features": _path_states(aux, tree, res, new_ids.shape[1], kept), "feature_valid": new_valid}
         clock.lap("commit")
 
     metrics.new_tokens = sum(len(o) for o in out)
