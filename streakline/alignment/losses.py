@@ -317,6 +317,9 @@ class LossSettings:
     inclusive: bool = False  # ce_streak: weight slot m by the streak through m instead of m-1
     divergence: str = "fkl"  # distillspec / ar_distill: one of DIVERGENCES
     beta: float = 0.5  # jsd mixing weight
+    # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma). 7.0 is the DFlash papers' value for block size 16 (they
+    # use 5 for 10 and 4 for 8). Not called gamma: method.gamma is the window width everywhere else.
+    decay_gamma: float = 7.0
     chunk: int = DEFAULT_CHUNK  # vocabulary rows per chunk of the log-softmax
 
     @classmethod
@@ -328,12 +331,15 @@ class LossSettings:
             inclusive=method.inclusive,
             divergence=method.divergence,
             beta=method.beta,
+            decay_gamma=method.decay_gamma,
             chunk=getattr(method, "chunk", chunk),
         )
 
 
 LossFn = Callable[[LossInput, LossSettings], LossOutput]
 LOSSES: dict[str, LossFn] = {}
+# The losses that read the verifier's distribution (stored top-k or online logits), not only its tokens.
+TEACHER_LOSSES = ("distillspec", "ar_distill")
 
 
 def register_loss(name: str) -> Callable[[LossFn], LossFn]:
@@ -449,6 +455,22 @@ def expce_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
     ell = _slot_logprobs(inp, settings.chunk)
     decay = settings.lam ** torch.arange(ell.shape[1], device=ell.device, dtype=torch.float32)
     return _output(-(torch.where(inp.valid, ell, 0.0) * decay).sum() / ell.shape[0], ell, inp.valid)
+
+
+@register_loss("dflash_ce")
+def dflash_ce_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``-Σ_{n,k} v_nk w_k ℓ_nk / Σ_{n,k} v_nk w_k`` with ``w_k = exp(-(k-1)/γ)`` (``settings.decay_gamma``): the
+    decayed cross-entropy the DFlash papers train their drafters with, a weighted mean over every valid slot of the
+    batch (slot k 1-based; invalid slots weigh 0). ``speculators`` divides the same weighted sum by the number of
+    valid slots instead, which scales each batch's loss by that batch's mean slot weight."""
+    if not settings.decay_gamma > 0:
+        raise ValueError(f"dflash_ce needs decay_gamma > 0 (method.decay_gamma), got {settings.decay_gamma}")
+    ell = _slot_logprobs(inp, settings.chunk)
+    k = torch.arange(ell.shape[1], device=ell.device, dtype=torch.float32)
+    weight = torch.where(inp.valid, torch.exp(-k / settings.decay_gamma), 0.0)
+    # A batch without a valid slot gives 0 (a zero sum over a tiny positive total), not NaN.
+    total = weight.sum().clamp(min=torch.finfo(weight.dtype).tiny)
+    return _output(-(weight * ell).sum() / total, ell, inp.valid)
 
 
 @register_loss("mdm")

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from streakline.alignment.losses import TEACHER_LOSSES
 from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, read_manifest
 from streakline.config import ConfigError
 
@@ -41,7 +42,6 @@ from .common.lookup import trajectories_dir
 from .common.roles import role_tokenizer
 from .runner import Stage, StageResult
 
-TEACHER_LOSSES = ("distillspec", "ar_distill")
 # Cadence settings: when to log, evaluate, save and prune does not change the trained drafter, so it does not move
 # the run.
 CADENCE = (
@@ -62,7 +62,7 @@ class Distill(Stage):
         method = cfg.method
         if method.loss == "mdm":
             raise ConfigError("method=mdm is the pretraining objective (stage=bootstrap); distill with streak, "
-                              "ce_streak, expce, distillspec or ar_distill")  # fmt: skip
+                              "ce_streak, expce, dflash_ce, distillspec or ar_distill")  # fmt: skip
         if method.onpolicy_mix > 0 and (method.loss not in TEACHER_LOSSES or method.teacher != "online"):
             raise ConfigError(
                 "method.onpolicy_mix > 0 drafts labels with the drafter and needs the verifier to score them: use it "

@@ -424,7 +424,7 @@ def _all_inputs(hidden, weight, labels, valid, teacher, kind):
     return kw
 
 
-CASES = [("streak", "full"), ("ce_streak", "full"), ("expce", "full"), ("mdm", "full")] + [
+CASES = [("streak", "full"), ("ce_streak", "full"), ("expce", "full"), ("dflash_ce", "full"), ("mdm", "full")] + [
     (loss, kind) for loss in ("distillspec", "ar_distill") for kind in ("full", "topk")
 ]
 
@@ -456,7 +456,8 @@ def test_window_without_valid_slots_contributes_zero(loss, kind):
     both = _run(loss, hidden, weight, labels, valid, **_all_inputs(hidden, weight, labels, valid, teacher, kind))
     sub = [x[keep] for x in (hidden, labels, valid, teacher)]
     alone = _run(loss, sub[0], weight, sub[1], sub[2], **_all_inputs(sub[0], weight, sub[1], sub[2], sub[3], kind))
-    # window averages divide by every window; mdm divides by valid slots and ar_distill by windows with v_1
+    # window averages divide by every window; mdm divides by valid slots, dflash_ce by their weights and ar_distill
+    # by windows with v_1
     scale = len(labels) / int(keep.sum()) if loss in ("streak", "ce_streak", "expce", "distillspec") else 1.0
     assert both.loss.item() * scale == pytest.approx(alone.loss.item(), rel=1e-5)
 
@@ -490,9 +491,12 @@ def test_registry_matches_config_schema_and_rejects_unknown_names():
 
 
 def test_settings_from_method_config():
-    method = schema.MethodConfig(name="x", loss="ce_streak", lam=0.5, inclusive=True, divergence="tvd", beta=0.2)
+    method = schema.MethodConfig(
+        name="x", loss="ce_streak", lam=0.5, inclusive=True, divergence="tvd", beta=0.2, decay_gamma=4.0
+    )
     s = LossSettings.from_config(method, chunk=512)
-    assert (s.name, s.lam, s.inclusive, s.divergence, s.beta, s.chunk) == ("ce_streak", 0.5, True, "tvd", 0.2, 512)
+    got = (s.name, s.lam, s.inclusive, s.divergence, s.beta, s.decay_gamma, s.chunk)
+    assert got == ("ce_streak", 0.5, True, "tvd", 0.2, 4.0, 512)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""Training DFlash drafters on the distillation windows: a ``WindowBatch`` in, a registered loss out.
+
+A window at offset ``i`` of width G is exactly a DFlash block anchored at ``p = i - 1`` when G = block_size - 1:
+the block ``[seq[p], MASK x G]`` drafts slots 1..G for positions ``i .. i + G - 1``, which are the window's labels,
+and the drafter's context is the verifier's layer states of ``seq[:p]`` (every token strictly before the anchor,
+as at decode time, where the anchor is the pending token). So DFlash training reads the same batches as the
+diffusion drafters, stored top-k teachers included (``alignment/data.py``):
+
+    drafter = DFlashModel(cfg).init_weights(seed=0).share(verifier)      # the verifier's embedding and head
+    module = DFlashTrainModule(drafter, verifier, LossSettings(name="dflash_ce"), temperature=1.0)
+    loss, metrics = module(batch)    # one verifier forward (no grad), one packed drafter forward, compute_loss
+
+Per batch: the frozen verifier runs once over the clean rows and returns the layer states the drafter reads
+(``target_layer_ids``) and, when the loss needs a teacher and the batch stores none, its logits at the slots; every
+window of the batch is one block of a single packed drafter forward (``models.dflash.packed_blocks``); the hidden
+states of slots 1..G of the real windows go to ``compute_loss`` with the verifier's head as the output matrix (the
+drafter owns none), so no ``[N, G, V]`` drafter logits are ever built.
+
+Tests: ``python -m pytest tests/alignment/test_dflash_training.py -q``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from streakline.models import Transformer
+from streakline.models.dflash import DFlashModel, packed_blocks
+
+from .data import WindowBatch
+from .losses import TEACHER_LOSSES, LossInput, LossSettings, compute_loss
+
+
+class DFlashTrainModule(nn.Module):
+    """A DFlash drafter (the only trained part, a registered submodule) and the frozen verifier it reads (held in a
+    list: not a submodule, so never trained, saved, moved or partitioned with this module) plus the loss."""
+
+    def __init__(
+        self, drafter: DFlashModel, verifier: Transformer, settings: LossSettings, *, temperature: float = 1.0
+    ) -> None:
+        super().__init__()
+        if getattr(drafter, "dflash", None) is None:
+            raise ValueError("DFlashTrainModule trains a DFlash drafter (streakline.models.dflash.DFlashModel)")
+        try:
+            shared = (drafter.embed, drafter.output_weight)
+        except RuntimeError as e:
+            raise ValueError(
+                "the DFlash drafter drafts with the verifier's embedding and head: call drafter.share(verifier) "
+                "before building DFlashTrainModule"
+            ) from e
+        if shared[0] is not verifier.embed or shared[1] is not verifier.output_weight:
+            raise ValueError(
+                "the DFlash drafter shares another model's embedding and head than this verifier's: call "
+                "drafter.share(verifier) with the verifier it is trained against"
+            )
+        # Frozen here, not only by the caller: the drafter embeds its blocks with the verifier's embedding, so a
+        # verifier left trainable would collect gradients (and, with an optimizer over it, change) through it.
+        verifier.requires_grad_(False)
+        self.drafter = drafter
+        self.settings, self.temperature = settings, temperature
+        self._verifier = [verifier]
+
+    def external_parameters(self) -> list:
+        """Nothing for DeepSpeed to register. ``strategy.setup`` registers, under ZeRO-3, parameters this module
+        reads outside their owner's forward so that the partitioned ones get gathered; the only such reads here are
+        of the verifier's embedding and head, which are not this module's parameters at all (the verifier is held
+        in a list), so DeepSpeed never partitions them: every rank keeps the whole verifier, like the online
+        teacher of ``DraftTrainModule``, and they are never trained."""
+        return []
+
+    @property
+    def verifier(self) -> Transformer:
+        return self._verifier[0]
+
+    def forward(self, batch: WindowBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+        drafter, verifier = self.drafter, self.verifier
+        cfg = drafter.dflash
+        G = batch.gamma
+        if G != cfg.block_size - 1:
+            raise ValueError(
+                f"the windows are {G} slots wide but the DFlash drafter drafts block_size - 1 = {cfg.block_size - 1} "
+                f"tokens a block: cut the windows with gamma={cfg.block_size - 1} (method.gamma)"
+            )
+        if int(batch.offsets.min()) < 1:
+            raise ValueError(
+                f"window offset {int(batch.offsets.min())} < 1: a DFlash block is anchored at the token before the "
+                "window (offset - 1), so every window needs at least one token before it"
+            )
+        device = drafter.fc.weight.device
+        batch = batch.to(device)
+        B, T = batch.clean.shape
+        W = batch.offsets.shape[1]
+        L = cfg.block_size
+        keep = batch.window_valid.flatten()
+        # Right-padded rows: the real tokens sit at positions 0 .. n-1, the positions the drafter's context rows and
+        # blocks use (packed_blocks); padding is masked out of the verifier's keys and never seen by a block.
+        pos = torch.arange(T, device=device).expand(B, T)
+        with torch.no_grad():
+            final, features = verifier.hidden(
+                batch.clean, position_ids=pos, attention_mask=batch.pad_valid.long(), aux_layers=cfg.target_layer_ids
+            )
+        anchors = batch.offsets - 1
+        block_ids, block_pos, mask = packed_blocks(
+            batch.clean, anchors, L, cfg.mask_token_id, context_valid=batch.pad_valid
+        )
+        h = drafter.hidden(block_ids, block_pos, features=features, feature_pos=pos, attn_mask=mask)
+        # slot 0 of each block holds the anchor token itself; slots 1 .. L-1 draft the window's G labels
+        picked = h.view(B, W, L, -1)[:, :, 1:].flatten(0, 1)[keep]
+        teacher = {}
+        if batch.teacher_ids is not None:
+            teacher = {
+                "teacher_ids": batch.teacher_ids.flatten(0, 1)[keep],
+                "teacher_logprobs": batch.teacher_logprobs.flatten(0, 1)[keep].float(),
+            }
+        elif self.settings.name in TEACHER_LOSSES:
+            teacher = {"teacher_logits": self._teacher_logits(final, batch, keep)}
+        out = compute_loss(
+            LossInput(
+                hidden=picked,
+                weight=drafter.output_weight,
+                labels=batch.labels.flatten(0, 1)[keep],
+                valid=batch.valid.flatten(0, 1)[keep],
+                temperature=self.temperature,
+                **teacher,
+            ),
+            self.settings,
+        )
+        return out.loss, out.metrics
+
+    @torch.no_grad()
+    def _teacher_logits(self, final: torch.Tensor, batch: WindowBatch, keep: torch.Tensor) -> torch.Tensor:
+        """``[N, G, V]`` fp32 verifier logits of the real windows' slots from its final states ``final`` ``[B, T, H]``
+        over the clean rows: position ``i`` is predicted from ``i - 1``. Slots past a row's end (invalid, never
+        counted) read the last column."""
+        B, W, G = batch.labels.shape
+        pos = (batch.offsets[:, :, None] + torch.arange(G, device=final.device) - 1).clamp(0, final.shape[1] - 1)
+        rows = torch.gather(final, 1, pos.reshape(B, W * G)[:, :, None].expand(-1, -1, final.shape[-1]))
+        # only the real windows' rows go through the head: filler windows would cost V columns each for nothing
+        return self.verifier.logits(rows.view(B * W, G, -1)[keep]).float()
