@@ -93,7 +93,14 @@ class Attention(nn.Module):
     def keys_values(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, Hkv, T, D]`` of ``x`` (rotated at ``cos``/``sin``) without queries or attention:
         the rows a DFlash drafter's context adds to every layer (``dflash.py``)."""
-        _, k, v = self._project(x)
+        B, T, _ = x.shape
+        hkv, d = self.num_kv_heads, self.head_dim
+        if self.qkv_proj is not None:  # the k and v rows of the fused matrix only: no queries for context rows
+            q_rows = self.num_heads * d
+            k, v = F.linear(x, self.qkv_proj.weight[q_rows:], _rows(self.qkv_proj.bias, q_rows)).split(hkv * d, dim=-1)
+        else:
+            k, v = self.k_proj(x), self.v_proj(x)
+        k, v = k.view(B, T, hkv, d), v.view(B, T, hkv, d)
         if self.k_norm is not None:
             k = self.k_norm(k)
         return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
@@ -114,6 +121,10 @@ class Attention(nn.Module):
             k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)
         out = attend(q, k, v, mask, is_causal)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def _rows(bias: torch.Tensor | None, start: int) -> torch.Tensor | None:
+    return None if bias is None else bias[start:]
 
 
 class MLP(nn.Module):

@@ -151,3 +151,26 @@ def test_share_refuses_a_verifier_it_does_not_fit():
         drafter.share(shallow)
     with pytest.raises(RuntimeError, match="share"):
         _ = DFlashModel(drafter.dflash).embed
+
+
+def test_fused_projections_draft_the_same():
+    """On a GPU inference fuses q/k/v; the context rows then take only the k/v rows of the fused matrix."""
+    import copy
+
+    verifier = _verifier()
+    drafter = _drafter(verifier)
+    fused = copy.deepcopy(drafter).share(verifier)
+    for layer in fused.layers:
+        layer.attn.fuse()
+        layer.mlp.fuse()
+    L = drafter.dflash.block_size
+    ids = torch.randint(0, V - 1, (2, 12), generator=torch.Generator().manual_seed(9))
+    feats = _features(verifier, ids, drafter.dflash.target_layer_ids)
+    block = block_inputs(ids[:, 11], L, drafter.dflash.mask_token_id)
+    with torch.no_grad():
+        outs = []
+        for model in (drafter, fused):
+            cache = KVCache.for_model(model, 2, 64)
+            model.add_context(feats[:, :11], cache)
+            outs.append(model.draft(block, cache))
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
