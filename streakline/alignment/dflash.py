@@ -16,6 +16,9 @@ window of the batch is one block of a single packed drafter forward (``models.df
 states of slots 1..G of the real windows go to ``compute_loss`` with the verifier's head as the output matrix (the
 drafter owns none), so no ``[N, G, V]`` drafter logits are ever built.
 
+``slot_hidden`` is that forward on its own (the held-out simulated streak of ``stage=distill`` reads it through
+``dflash_draft_argmax``), and ``dflash_from_state`` turns a training state dict back into a drafter to export.
+
 Tests: ``python -m pytest tests/alignment/test_dflash_training.py -q``.
 """
 
@@ -27,10 +30,58 @@ import torch
 from torch import nn
 
 from streakline.models import Transformer
-from streakline.models.dflash import DFlashModel, packed_blocks
+from streakline.models.dflash import DFlashConfig, DFlashModel, packed_blocks
 
 from .data import WindowBatch
 from .losses import TEACHER_LOSSES, LossInput, LossSettings, compute_loss
+
+
+def slot_hidden(
+    drafter: DFlashModel,
+    verifier: Transformer,
+    clean: torch.Tensor,
+    offsets: torch.Tensor,
+    pad_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's final hidden states ``[B, W, G, H]`` (G = block_size - 1) of every window's slots, and the
+    verifier's final states ``[B, T, H]``, for right-padded rows ``clean`` ``[B, T]`` (``pad_valid`` marks real
+    tokens; None: all) and window offsets ``[B, W]`` (each >= 1). Window ``w`` is the block anchored at
+    ``offsets[w] - 1``; its slot ``k`` drafts position ``offsets[w] + k - 1``. One verifier forward (no grad) and one
+    packed drafter forward: what training reads (``DFlashTrainModule``) and the held-out simulated streak too."""
+    cfg = drafter.dflash
+    B, T = clean.shape
+    W, L = offsets.shape[1], cfg.block_size
+    # Right-padded rows: the real tokens sit at positions 0 .. n-1, the positions the drafter's context rows and
+    # blocks use (packed_blocks); padding is masked out of the verifier's keys and never seen by a block.
+    pos = torch.arange(T, device=clean.device).expand(B, T)
+    with torch.no_grad():
+        final, features = verifier.hidden(
+            clean,
+            position_ids=pos,
+            attention_mask=None if pad_valid is None else pad_valid.long(),
+            aux_layers=cfg.target_layer_ids,
+        )
+    block_ids, block_pos, mask = packed_blocks(clean, offsets - 1, L, cfg.mask_token_id, context_valid=pad_valid)
+    h = drafter.hidden(block_ids, block_pos, features=features, feature_pos=pos, attn_mask=mask)
+    # slot 0 of each block holds the anchor token itself; slots 1 .. L-1 draft the window's G labels
+    return final, h.view(B, W, L, -1)[:, :, 1:]
+
+
+@torch.no_grad()
+def dflash_draft_argmax(
+    drafter: DFlashModel, verifier: Transformer, clean: torch.Tensor, offsets: torch.Tensor, mask_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(draft [K, G], labels [K, G], valid [K, G])`` for one trajectory ``clean`` ``[T]`` and window offsets
+    ``[K]`` (each >= 1): the argmax of every window's block in one packed forward, as ``streak.draft_argmax`` gives
+    for a diffusion drafter (what ``DFlashDrafter`` proposes at temperature 0, up to rounding: it caches the context).
+    ``mask_id``: the windows' filler for labels past the end."""
+    from .windows import window_labels
+
+    _, slots = slot_hidden(drafter, verifier, clean[None], offsets[None])
+    draft = drafter.logits(slots[0]).argmax(-1)
+    G = draft.shape[1]
+    labels, valid = zip(*(window_labels(clean, o, G, mask_id) for o in offsets.tolist()), strict=True)
+    return draft, torch.stack(labels), torch.stack(valid)
 
 
 class DFlashTrainModule(nn.Module):
@@ -88,26 +139,10 @@ class DFlashTrainModule(nn.Module):
                 f"window offset {int(batch.offsets.min())} < 1: a DFlash block is anchored at the token before the "
                 "window (offset - 1), so every window needs at least one token before it"
             )
-        device = drafter.fc.weight.device
-        batch = batch.to(device)
-        B, T = batch.clean.shape
-        W = batch.offsets.shape[1]
-        L = cfg.block_size
+        batch = batch.to(drafter.fc.weight.device)
         keep = batch.window_valid.flatten()
-        # Right-padded rows: the real tokens sit at positions 0 .. n-1, the positions the drafter's context rows and
-        # blocks use (packed_blocks); padding is masked out of the verifier's keys and never seen by a block.
-        pos = torch.arange(T, device=device).expand(B, T)
-        with torch.no_grad():
-            final, features = verifier.hidden(
-                batch.clean, position_ids=pos, attention_mask=batch.pad_valid.long(), aux_layers=cfg.target_layer_ids
-            )
-        anchors = batch.offsets - 1
-        block_ids, block_pos, mask = packed_blocks(
-            batch.clean, anchors, L, cfg.mask_token_id, context_valid=batch.pad_valid
-        )
-        h = drafter.hidden(block_ids, block_pos, features=features, feature_pos=pos, attn_mask=mask)
-        # slot 0 of each block holds the anchor token itself; slots 1 .. L-1 draft the window's G labels
-        picked = h.view(B, W, L, -1)[:, :, 1:].flatten(0, 1)[keep]
+        final, slots = slot_hidden(drafter, verifier, batch.clean, batch.offsets, batch.pad_valid)
+        picked = slots.flatten(0, 1)[keep]
         teacher = {}
         if batch.teacher_ids is not None:
             teacher = {
@@ -139,3 +174,11 @@ class DFlashTrainModule(nn.Module):
         rows = torch.gather(final, 1, pos.reshape(B, W * G)[:, :, None].expand(-1, -1, final.shape[-1]))
         # only the real windows' rows go through the head: filler windows would cost V columns each for nothing
         return self.verifier.logits(rows.view(B * W, G, -1)[keep]).float()
+
+
+def dflash_from_state(state: dict[str, torch.Tensor], cfg: DFlashConfig) -> DFlashModel:
+    """A DFlash drafter from the full state dict of a ``DFlashTrainModule`` (``drafter.`` prefix; the verifier is no
+    submodule, so nothing else is in it), not shared with any verifier yet (``save_dflash`` needs no sharing)."""
+    model = DFlashModel(cfg)
+    model.load_state_dict({k.removeprefix("drafter."): v for k, v in state.items()})
+    return model

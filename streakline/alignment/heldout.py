@@ -5,6 +5,8 @@ continuations of held-out prompts, and the real decoder's accepted streak on a f
     metrics = evaluator(step, drafter)   # {"eval/<source>/sim_streak": ..., "eval/<source>/decoder_streak": ...}
 
 These numbers pick checkpoints and draw the training curves; ``stage=evaluate`` measures the deployed speedup.
+A DFlash drafter (``models/dflash.py``) is shared with this verifier and measured the same way: its simulated streak
+from one packed forward over the verifier's states, its decoder streak through ``DFlashDrafter``.
 """
 
 from __future__ import annotations
@@ -45,11 +47,15 @@ class HeldoutEvaluator:
     @torch.no_grad()
     def __call__(self, step: int, drafter) -> dict[str, Any]:
         from streakline.alignment.streak import simulated_streak
-        from streakline.decoding.drafters import DiffusionDrafter
+        from streakline.decoding.drafters import DFlashDrafter, DiffusionDrafter
         from streakline.decoding.speculative import SpecConfig, generate
 
         if not self.pairs:
             return {}
+        kind = DiffusionDrafter
+        if getattr(drafter, "dflash", None) is not None:  # an export (ZeRO-3) is not shared yet; the live one is
+            drafter.share(self.verifier)
+            kind = DFlashDrafter
         was_training = drafter.training
         drafter.eval()
         out: dict[str, Any] = {}
@@ -63,7 +69,7 @@ class HeldoutEvaluator:
                 self.verifier,
                 prompts,
                 SpecConfig(max_new_tokens=2 * self.gamma, gamma=self.gamma),
-                drafter=DiffusionDrafter(drafter, temperature=0.0),
+                drafter=kind(drafter, temperature=0.0),
             )
             out[f"eval/{name}/decoder_streak"] = res.metrics.accepted_per_cycle
         drafter.train(was_training)

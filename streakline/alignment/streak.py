@@ -6,7 +6,10 @@ the true prefix, computed as the decoder's ``DiffusionDrafter`` computes it at t
   prefix_causal  all windows of a trajectory share one packed forward (docs/algorithms.md section 6); the prefix
                  never sees a window, so this gives the decoder's drafts at O(T + K*γ) tokens;
   full           the prefix attends to the mask slots, so a packed forward would change its hidden states: every
-                 window gets its own forward over ``[prefix, MASK x γ]`` (C forwards for C completion tokens).
+                 window gets its own forward over ``[prefix, MASK x γ]`` (C forwards for C completion tokens);
+  DFlash         every window is a block ``[token before it, MASK x γ]`` after the verifier's states of the prefix:
+                 one verifier forward and one packed drafter forward (``dflash.dflash_draft_argmax``; needs the
+                 verifier, and γ = block_size - 1).
 
 Two scores per window:
 
@@ -28,6 +31,7 @@ import torch
 
 from streakline.models import Transformer
 
+from .dflash import dflash_draft_argmax
 from .windows import pack_windows, window_input, window_labels
 
 
@@ -93,9 +97,16 @@ def simulated_streak(
     """Mean simulated streak over every window of every completion (window offsets at each completion token).
 
     Returns ``{"mean_streak", "alpha" (γ values), "windows"}`` plus ``"mean_soft_streak"`` when ``verifier`` is
-    given. Slots past a completion's end never count (a product stops at an invalid slot, and ``α_j`` leaves out
-    the windows whose slot j is past the end; ``α_j`` is 0.0 when no window reached slot j).
+    given (a DFlash drafter needs it: the verifier's layer states are its input). Slots past a completion's end never
+    count (a product stops at an invalid slot, and ``α_j`` leaves out the windows whose slot j is past the end;
+    ``α_j`` is 0.0 when no window reached slot j).
     """
+    dflash = getattr(drafter, "dflash", None) is not None
+    if dflash and (verifier is None or gamma != drafter.dflash.block_size - 1):
+        raise ValueError(
+            f"a DFlash drafter's simulated streak needs the verifier (its input; got {type(verifier).__name__}) and "
+            f"gamma = block_size - 1 = {drafter.dflash.block_size - 1} (got {gamma})"
+        )
     device = drafter.embed.weight.device
     streaks, soft = [], []
     accepted = torch.zeros(gamma, dtype=torch.float64)
@@ -105,7 +116,10 @@ def simulated_streak(
             continue
         clean = torch.tensor(prompt + completion, device=device)
         offsets = torch.arange(len(prompt), len(prompt) + len(completion), device=device)
-        draft, labels, valid = draft_argmax(drafter, clean, offsets, gamma, mask_id)
+        if dflash:
+            draft, labels, valid = dflash_draft_argmax(drafter, verifier, clean, offsets, mask_id)
+        else:
+            draft, labels, valid = draft_argmax(drafter, clean, offsets, gamma, mask_id)
         s = _streaks(((draft == labels) & valid).float())
         streaks.append(s)
         a, t = alpha_counts(s, valid)

@@ -51,10 +51,13 @@ ZERO_STAGES = (0, 2, 3)
 PRECISIONS = ("fp32", "bf16")
 TRAJECTORY_BACKENDS = ("native", "vllm")
 LONG_PROMPTS = ("error", "skip", "truncate")  # data.long_prompts
-DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "static", "threshold", "spot", "spiffy")
+DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "static", "threshold", "spot", "spiffy")
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
 ENGINES = ("auto", "eager", "static", "graphs")  # decoder.engine
+# What a checkpoint preset builds (``kind``): a transformer with its own embedding and head, or a DFlash drafter
+# (models/dflash.py: a few layers over the verifier's layer states, drafting with the verifier's embedding and head).
+CHECKPOINT_KINDS = ("transformer", "dflash")
 LAUNCHERS = ("local", "slurm", "ray")
 
 
@@ -98,6 +101,13 @@ class CheckpointConfig:
     # (models/placement.py), for a model larger than one GPU. Where it runs, not what it is: no run key holds it.
     devices: Any = None
     arch: ArchConfig | None = None
+    # CHECKPOINT_KINDS. "dflash": a DFlash drafter (drafter role only) for the verifier whose hidden size and
+    # vocabulary its arch repeats; it reads that verifier's layer states at target_layer_ids (id i = the stream
+    # entering layer i, as vLLM numbers them) and drafts blocks of block_size (the newest token + block_size - 1
+    # masks, mask_token from the verifier's tokenizer). A path / hub_id folder in the DFlash format wins; these
+    # fields then say what the folder must hold (docs/dflash.md).
+    kind: str = "transformer"
+    target_layer_ids: list[int] | None = None
 
 
 @dataclass
@@ -173,7 +183,7 @@ class MethodConfig:
 
     name: str = MISSING
     loss: str = MISSING  # LOSSES
-    gamma: int | None = None  # None: the drafter preset's gamma
+    gamma: int | None = None  # None: the drafter preset's gamma (a DFlash drafter's: block_size - 1, its only width)
     # the drafter temperature q is trained at; None: decoder.drafter_temperature, so training sees the distribution
     # the decoder drafts from (one setting for both unless you split them on purpose)
     drafter_temperature: float | None = None
@@ -260,7 +270,7 @@ class DecoderConfig:
 
     name: str = MISSING  # DECODERS
     K: int = 1  # drafts per cycle (self-selection when > 1)
-    gamma: int | None = None  # None: the drafter preset's gamma
+    gamma: int | None = None  # None: the drafter preset's gamma (dflash_draft: the DFlash drafter's block_size - 1)
     temperature: float = 0.0  # verifier temperature
     drafter_temperature: float = 1.5
     argmax_chain: bool = True  # chain 0 is the drafter's argmax; False: all K chains i.i.d. from q (SpecDiff-2)

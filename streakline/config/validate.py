@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from streakline.config.schema import (
     ACCEPTANCE_RULES,
     ATTENTION_MODES,
+    CHECKPOINT_KINDS,
     DECODERS,
     DIVERGENCES,
     DTYPES,
@@ -52,6 +53,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("run_root is empty; give a folder for run outputs, e.g. run_root=runs")
     for role in ROLES:
         _checkpoint(cfg, f"model.{role}")
+    _dflash(cfg)
     if cfg.stage.name == "bootstrap":
         check_world(cfg)
     _method(cfg)
@@ -164,6 +166,59 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
         raise ConfigError(f"{key}.family=auto reads config.json from a checkpoint; set {key}.path or {key}.hub_id")
     if node.arch is not None:
         _arch(cfg, f"{key}.arch")
+    _choice(cfg, f"{key}.kind", CHECKPOINT_KINDS, context=preset)
+
+
+def _dflash(cfg: DictConfig) -> None:
+    """A DFlash preset drafts for the verifier: only in the drafter role, with the layers it reads and a block of at
+    least the newest token and one mask; when both arches are known, the verifier's hidden size and vocabulary (it
+    shares the verifier's embedding and head) and a layer id inside the verifier."""
+    for role in ROLES:
+        node = cfg.model[role]
+        if node.kind == "dflash" and role != "drafter":
+            raise ConfigError(
+                f"model.{role}={node.name} is a DFlash drafter (kind=dflash), which only drafts for a verifier; "
+                f"put it in the drafter role (model.drafter={node.name}) and give model.{role} a {role} preset"
+            )
+    node, key = cfg.model.drafter, "model.drafter"
+    if node.kind != "dflash":
+        return
+    preset = f" (checkpoint preset {node.name!r})"
+    if not node.target_layer_ids or min(node.target_layer_ids) < 0:
+        raise ConfigError(
+            f"{key}.target_layer_ids={node.target_layer_ids} is not valid{preset}: a DFlash drafter reads at least one "
+            f"verifier layer (ids >= 0; id i is the stream entering layer i), e.g. {key}.target_layer_ids=[1,2]"
+        )
+    if node.block_size is None or node.block_size < 2:
+        raise ConfigError(
+            f"{key}.block_size={node.block_size} is not valid{preset}: a DFlash block holds the newest token and at "
+            f"least one mask; set {key}.block_size >= 2 (drafts per cycle = block_size - 1)"
+        )
+    if node.gamma > node.block_size - 1:
+        raise ConfigError(
+            f"{key}.gamma={node.gamma} is more than a DFlash block of {node.block_size} drafts "
+            f"({node.block_size - 1}); set {key}.gamma={node.block_size - 1}"
+        )
+    drafter, verifier = node.arch, cfg.model.verifier.arch
+    if drafter is not None and (not drafter.qk_norm or drafter.qkv_bias):
+        raise ConfigError(
+            f"{key}.arch has qk_norm={drafter.qk_norm}, qkv_bias={drafter.qkv_bias}{preset}: DFlash layers are Qwen3's "
+            f"(what speculators and vLLM load); set {key}.arch.qk_norm=true and {key}.arch.qkv_bias=false"
+        )
+    if drafter is None or verifier is None:
+        return  # a checkpoint's shapes are checked when it is built (DFlashModel.share)
+    for field in ("hidden_size", "vocab_size"):
+        if drafter[field] != verifier[field]:
+            raise ConfigError(
+                f"{key}.arch.{field}={drafter[field]} but model.verifier.arch.{field}={verifier[field]}{preset}: a "
+                f"DFlash drafter shares the verifier's embedding and head; pick the DFlash preset made for "
+                f"model.verifier={cfg.model.verifier.name}"
+            )
+    if max(node.target_layer_ids) > verifier.num_layers:
+        raise ConfigError(
+            f"{key}.target_layer_ids={list(node.target_layer_ids)} reads past the verifier's {verifier.num_layers} "
+            f"layers{preset}; ids go from 0 (the embedding output) to {verifier.num_layers} (the last layer's output)"
+        )
 
 
 def _arch(cfg: DictConfig, key: str) -> None:
@@ -196,6 +251,12 @@ def check_world(cfg: DictConfig) -> None:
         )
     for role in ROLES:
         arch = cfg.model[role].arch
+        if cfg.model[role].kind != "transformer":
+            raise ConfigError(
+                f"the {cfg.model.name} world builds its own {role}; model.{role}={cfg.model[role].name} is a "
+                f"{cfg.model[role].kind} preset, which it does not build: drop the model.{role} override for "
+                "stage=bootstrap (other stages use it beside the world)"
+            )
         if arch is None:
             raise ConfigError(
                 f"building the {cfg.model.name} world needs all three of its models, but model.{role} "

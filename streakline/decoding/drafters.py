@@ -1,8 +1,8 @@
 """Drafters: what proposes the draft tokens a speculative decoder verifies (docs/algorithms.md sections 1 and 3).
 
 Three kinds, registered in ``DRAFTERS`` (the one registry of drafter kinds; ``registry.DECODER_SPECS`` names one for
-each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``; ``dflash`` has no
-decoder of the stages yet):
+each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``, ``dflash_draft`` ->
+``dflash``):
 
 - ``ar``: a small causal LM proposes gamma tokens one forward at a time (SpS / Leviathan), one chain (K = 1).
   Any causal checkpoint works; a ``prefix_causal`` diffusion drafter is run in ``causal`` mode, which is the causal

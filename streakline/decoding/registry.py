@@ -2,7 +2,8 @@
 runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_decode_config`` for
 ``BlockDecodeConfig``), used by every stage and evaluation.
 
-    spec, drafter = speculative_setup(cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, seed=0)
+    spec, drafter = speculative_setup(cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, seed=0,
+                                      verifier=verifier)   # a DFlash drafter shares the verifier's embedding and head
     result = generate(verifier, prompts, spec, drafter=drafter)
     decode = block_decode_config(cfg.stage, eos_token_id=tok.eos_token_id)    # rule, temperature, ... of stage=spot
 
@@ -11,6 +12,7 @@ runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_deco
 | ``vanilla`` | the verifier alone, one forward per token | verifier |
 | ``ar_draft`` | a causal drafter proposes gamma tokens autoregressively | verifier + drafter |
 | ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
+| ``dflash_draft`` | a DFlash block drafted from the verifier's layer states, K chains | verifier + DFlash drafter |
 | ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
 | ``spot`` / ``spiffy`` | a drafted tree / graph of block states, verified in one batched forward | target + artifact |
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .block_diffusion import BlockDecodeConfig
-from .drafters import DRAFTERS, ARDrafter, DiffusionDrafter
+from .drafters import DRAFTERS, ARDrafter, DFlashDrafter, DiffusionDrafter
 from .speculative import SpecConfig
 
 DECODER_FAMILIES = ("speculative", "block")
@@ -69,6 +71,7 @@ DECODER_SPECS: dict[str, DecoderSpec] = {
         DecoderSpec("vanilla", "speculative", drafted=False, reference=True, needs="verifier"),
         DecoderSpec("ar_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="ar"),
         DecoderSpec("diffusion_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="diffusion"),  # noqa: E501
+        DecoderSpec("dflash_draft", "speculative", drafted=True, reference=False, needs="verifier + DFlash drafter", drafter="dflash"),  # noqa: E501
         DecoderSpec("static", "block", drafted=False, reference=True, needs="target"),
         DecoderSpec("threshold", "block", drafted=False, reference=True, needs="target"),
         DecoderSpec("spot", "block", drafted=True, reference=False, needs="target + artifact"),
@@ -76,7 +79,7 @@ DECODER_SPECS: dict[str, DecoderSpec] = {
     )
 }  # fmt: skip
 
-SPECULATIVE: dict[str, type[ARDrafter] | type[DiffusionDrafter] | None] = {
+SPECULATIVE: dict[str, type[ARDrafter] | type[DiffusionDrafter] | type[DFlashDrafter] | None] = {
     s.name: DRAFTERS[s.drafter] if s.drafter is not None else None
     for s in DECODER_SPECS.values()
     if s.family == "speculative"
@@ -128,8 +131,14 @@ def speculative_setup(
     gamma_default: int | None = None,
     eos_token_id=None,
     seed: int = 0,
-) -> tuple[SpecConfig, ARDrafter | DiffusionDrafter | None]:
-    """``SpecConfig`` and drafter for a ``decoder`` config (``DecoderConfig`` or its DictConfig)."""
+    verifier=None,
+) -> tuple[SpecConfig, ARDrafter | DiffusionDrafter | DFlashDrafter | None]:
+    """``SpecConfig`` and drafter for a ``decoder`` config (``DecoderConfig`` or its DictConfig).
+
+    A DFlash drafter model (``models.dflash.DFlashModel``) only runs under ``dflash_draft``, and that decoder only
+    runs one: it is shared with ``verifier`` here (its embedding and head; ValueError when the shapes do not fit),
+    and an unset ``decoder.gamma`` is its block size - 1 (the drafts it was trained to make), not ``gamma_default``.
+    """
     name = decoder.name
     if name not in SPECULATIVE:
         raise ValueError(f"decoder={name} is not a speculative decoder; valid: {', '.join(SPECULATIVE)}")
@@ -140,6 +149,12 @@ def speculative_setup(
     if kind is not None:
         if drafter_model is None:
             raise ValueError(f"decoder={name} needs a drafter model")
+        _check_pairing(name, kind, drafter_model)
+        if kind is DFlashDrafter:
+            if verifier is None:
+                raise ValueError(f"decoder={name} drafts with the verifier's embedding and head: pass verifier=")
+            drafter_model.share(verifier)
+            gamma_default = drafter_model.dflash.block_size - 1
         drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k or None)
     gamma = decoder.gamma if decoder.gamma is not None else gamma_default
     spec = SpecConfig(
@@ -156,6 +171,23 @@ def speculative_setup(
         engine=getattr(decoder, "engine", "auto"),
     )
     return spec, drafter
+
+
+def _check_pairing(name: str, kind: type, drafter_model) -> None:
+    """A DFlash drafter drafts only under ``dflash_draft`` (it reads the verifier's layer states), and that decoder
+    only runs a DFlash drafter."""
+    is_dflash = getattr(drafter_model, "dflash", None) is not None
+    if kind is DFlashDrafter and not is_dflash:
+        raise ValueError(
+            f"decoder={name} runs a DFlash drafter, but the drafter is a plain transformer; use a DFlash preset or "
+            "export (model.drafter=micro-dflash, model.drafter.path=<a DFlash folder>) or another decoder "
+            "(diffusion_draft, ar_draft)"
+        )
+    if kind is not DFlashDrafter and is_dflash:
+        raise ValueError(
+            f"decoder={name} cannot run a DFlash drafter (it drafts from the verifier's layer states, with the "
+            "verifier's embedding and head): use decoder=dflash_draft"
+        )
 
 
 BLOCK_SETTINGS = ("rule", "threshold", "max_new_tokens", "temperature", "seed", "engine")

@@ -142,6 +142,7 @@ class EvalWorker:
                 gamma_default=self.cfg.model.drafter.gamma,
                 eos_token_id=self.eos["verifier"],
                 seed=self.cfg.seed,
+                verifier=self.model("verifier"),  # a DFlash drafter shares its embedding and head
             )
         except (ValueError, NotImplementedError) as e:
             raise ConfigError(f"evaluate: method {method.name!r}: {e}") from e
@@ -245,7 +246,7 @@ def with_references(methods: list[EvalMethod]) -> list[EvalMethod]:
     """``methods`` plus the reference decoders their checks and speedups need (vanilla, static, threshold)."""
     names = {m.decoder for m in methods}
     extra = []
-    if names & {"ar_draft", "diffusion_draft"} and "vanilla" not in names:
+    if names & {"ar_draft", "diffusion_draft", "dflash_draft"} and "vanilla" not in names:
         extra.append(EvalMethod("vanilla", "vanilla"))
     rules = {m.rule or "static" for m in methods if m.decoder in BLOCK_DRAFTED}
     extra += [EvalMethod(rule, rule) for rule in sorted(rules) if rule not in names]

@@ -5,7 +5,7 @@
 Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoint preset into a model.
 """
 
-from .builder import build, locate
+from .builder import build, dflash_config, is_dflash, locate
 from .checkpoint import (
     CheckpointError,
     load_pretrained,
@@ -28,7 +28,9 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "build",
+    "dflash_config",
     "export_like",
+    "is_dflash",
     "locate",
     "load_pretrained",
     "read_config",

@@ -8,9 +8,14 @@ how to fetch it), else ``None`` for a tiny preset that carries an ``arch`` block
 ``build`` returns the ``Transformer`` with the preset's attention mode, shift and block size applied, on ``device``,
 or across the devices the preset's ``devices`` names (``models/placement.py``; the plan is printed first).
 
+A DFlash preset (``kind: dflash``), or a ``path`` whose folder holds a DFlash drafter (``is_dflash``), builds a
+``DFlashModel`` instead: ``load_dflash(folder)``, or from its ``arch`` block, seeded. It owns no embedding or head,
+so the caller shares the verifier's before any forward (``drafter.share(verifier)``; a forward without it says so).
+
     model = build(cfg.model.drafter, role="drafter", dtype=torch.bfloat16, device="cuda")
     model = build(cfg.model.verifier, role="verifier", device="cuda", inference=True)   # frozen, fused on a GPU
     model = build(cfg.model.verifier, role="verifier", dtype=torch.bfloat16)   # with model.verifier.devices=auto
+    drafter = build(cfg.model.drafter, "drafter").share(verifier)                # model.drafter=micro-dflash
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import torch
 
 from .checkpoint import CheckpointError, folder_family, load_pretrained, read_config
 from .config import SHAPE_FIELDS, TransformerConfig
+from .dflash import DFlashConfig, DFlashModel
+from .dflash_checkpoint import is_dflash_folder, load_dflash, read_dflash_config
 from .placement import place, plan_for, resolve_devices
 from .transformer import Transformer
 
@@ -92,13 +99,22 @@ def build(
     device: torch.device | str = "cpu",
     seed: int = 0,
     inference: bool = False,
-) -> Transformer:
+) -> Transformer | DFlashModel:
     """The model a preset describes: loaded from its folder, or freshly initialised (seeded) when it is tiny; on
-    ``device``, or placed across the preset's ``devices`` when it names more than one.
+    ``device``, or placed across the preset's ``devices`` when it names more than one. A ``Transformer``, or for a
+    DFlash preset or folder (``is_dflash``) a ``DFlashModel``, which drafts only after ``share(verifier)``.
 
     ``inference``: frozen and in eval mode, and on one GPU its q/k/v and gate/up projections fused
     (``Transformer.fuse_projections``: fewer, larger matmuls per decode step). On a CPU the weights stay as the
     checkpoint has them, so CPU results do not move by a rounding."""
+    dtype = _dtype(preset, dtype)
+    if is_dflash(preset, role):
+        model = _build_dflash(preset, role, dtype=dtype, device=device, seed=seed)
+        if inference:
+            model.eval().requires_grad_(False)
+            if model.fc.weight.device.type == "cuda":
+                model.fuse_projections()
+        return model
     model = _build(preset, role, dtype=dtype, device=device, seed=seed)
     if inference:
         model.eval().requires_grad_(False)
@@ -107,9 +123,13 @@ def build(
     return model
 
 
-def _build(preset: Any, role: str, *, dtype, device, seed: int) -> Transformer:
+def _dtype(preset: Any, dtype: torch.dtype | str | None) -> torch.dtype:
     if isinstance(dtype, str) or dtype is None:
-        dtype = DTYPES[dtype or _get(preset, "dtype", "float32")]
+        return DTYPES[dtype or _get(preset, "dtype", "float32")]
+    return dtype
+
+
+def _build(preset: Any, role: str, *, dtype: torch.dtype, device, seed: int) -> Transformer:
     devices = _get(preset, "devices")
     spread = devices is not None and len(resolve_devices(devices)) > 1
     where = "cpu" if spread else device  # a placed model is read into host memory, then moved layer run by run
@@ -133,3 +153,93 @@ def _build(preset: Any, role: str, *, dtype, device, seed: int) -> Transformer:
         plan = plan_for(model.config, devices, dtype)
     print(f"model.{role}: {plan.describe()}")
     return place(model, plan)
+
+
+# ------------------------------------------------------------------------------------------------- DFlash drafters
+def is_dflash(preset: Any, role: str = "drafter") -> bool:
+    """Whether ``preset`` builds a DFlash drafter: it says ``kind: dflash``, or its weights folder (``path``, or a
+    cached ``hub_id``) is a DFlash checkpoint (``models/dflash_checkpoint.py``, either format)."""
+    if _get(preset, "kind", "transformer") == "dflash":
+        return True
+    if not (_get(preset, "path") or _get(preset, "hub_id")):
+        return False
+    try:
+        folder = locate(preset, role)
+    except CheckpointError:
+        return False  # not there: building it says why
+    return folder is not None and is_dflash_folder(folder)
+
+
+def dflash_config(preset: Any, role: str = "drafter", *, mask_token_id: int | None = None) -> DFlashConfig:
+    """The ``DFlashConfig`` a DFlash preset builds, without reading weights: its folder's ``config.json``, or for a
+    from-scratch preset its ``arch`` block, ``target_layer_ids``, ``block_size`` and the id of ``mask_token`` in its
+    ``tokenizer`` (the verifier's; ``mask_token_id`` instead, for a caller that only wants the shapes). A
+    ``kind: dflash`` preset whose folder disagrees with it is refused."""
+    folder = locate(preset, role)
+    name = _get(preset, "name")
+    if folder is not None:
+        if not is_dflash_folder(folder):
+            raise CheckpointError(
+                f"model.{role} ({name}) is a DFlash preset but {folder} holds no DFlash drafter (its config.json has "
+                f"no speculators_model_type 'dflash' or dflash_config); point model.{role}.path at a DFlash export"
+            )
+        cfg = read_dflash_config(folder)
+        if _get(preset, "kind", "transformer") == "dflash":
+            _check_agrees(preset, role, cfg, folder)
+        return cfg
+    token = _get(preset, "mask_token")
+    tokenizer = _get(preset, "tokenizer")
+    mask_id = mask_token_id
+    if mask_id is None and token and tokenizer:
+        mask_id = _tokenizer_id(tokenizer, token)
+    if mask_id is None:
+        raise CheckpointError(
+            f"model.{role} ({name}) is a DFlash drafter built from scratch, which fills its blocks with the "
+            f"verifier's mask token: set model.{role}.mask_token to a token of the verifier's tokenizer and "
+            f"model.{role}.tokenizer to that tokenizer's folder (a world's stages set it; now {token!r} in "
+            f"{tokenizer})"
+        )
+    arch = _get(preset, "arch")
+    fields = {k: _get(arch, k) for k in _ARCH_KEYS if _get(arch, k) is not None}
+    # the layers are Qwen3's whatever the verifier's family (full attention within a block); no embedding to tie
+    fields.update(family="qwen3", attention="full", tie_embeddings=False, mask_token_id=mask_id)
+    layers = TransformerConfig(**fields)
+    return DFlashConfig(
+        layers=layers,
+        target_layer_ids=tuple(_get(preset, "target_layer_ids") or ()),
+        block_size=int(_get(preset, "block_size") or 0),
+        mask_token_id=mask_id,
+    )
+
+
+def _check_agrees(preset: Any, role: str, cfg: DFlashConfig, folder: Path) -> None:
+    """A ``kind: dflash`` preset names the drafter it expects; a folder holding another is refused, not run."""
+    want = {
+        "block_size": _get(preset, "block_size"),
+        "target_layer_ids": tuple(_get(preset, "target_layer_ids") or ()) or None,
+    }
+    have = {"block_size": cfg.block_size, "target_layer_ids": cfg.target_layer_ids}
+    arch = _get(preset, "arch")
+    for k in ("hidden_size", "num_layers", "vocab_size"):
+        want[f"arch.{k}"] = _get(arch, k) if arch is not None else None
+        have[f"arch.{k}"] = getattr(cfg.layers, k)
+    wrong = [f"{k}={want[k]} (the folder: {have[k]})" for k in want if want[k] is not None and want[k] != have[k]]
+    if wrong:
+        raise CheckpointError(
+            f"model.{role} ({_get(preset, 'name')}) expects a DFlash drafter with {', '.join(wrong)}, but {folder} "
+            f"holds another; use the preset made for that drafter, or override those fields (model.{role}.<field>)"
+        )
+
+
+def _build_dflash(preset: Any, role: str, *, dtype: torch.dtype, device, seed: int) -> DFlashModel:
+    devices = _get(preset, "devices")
+    if devices is not None and len(resolve_devices(devices)) > 1:
+        raise CheckpointError(
+            f"model.{role}.devices={devices}: a DFlash drafter is a few layers and runs on one device; set "
+            f"model.{role}.devices=null"
+        )
+    cfg = dflash_config(preset, role)
+    folder = locate(preset, role)
+    if folder is not None:
+        return load_dflash(folder, dtype=dtype, device=device)
+    return DFlashModel(cfg).init_weights(seed=seed).to(device=device, dtype=dtype)

@@ -134,6 +134,14 @@ class DFlashModel(nn.Module):
     def init_weights(self, seed: int | None = None, std: float = 0.02) -> DFlashModel:
         return init_weights(self, seed, std)
 
+    def fuse_projections(self) -> DFlashModel:
+        """For inference, as ``Transformer.fuse_projections``: q/k/v and gate/up one matrix each in every layer (the
+        context rows then use only the k/v rows). Do not train a fused model."""
+        for layer in self.layers:
+            layer.attn.fuse()
+            layer.mlp.fuse()
+        return self
+
     # -------------------------------------------------------------------------------------------- forwards
     def context_rows(self, features: torch.Tensor) -> torch.Tensor:
         """``[B, T, H]`` context rows of the verifier features ``[B, T, L * H_target]``."""

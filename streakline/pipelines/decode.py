@@ -4,6 +4,8 @@
     python launch.py stage=decode model=tiny decoder=ar_draft prompt_ids=[12,7,99] decoder.temperature=1.0
     python launch.py stage=decode model=tiny decoder=vanilla model.verifier.path=/ckpt/hf-folder prompt="def f("
     python launch.py stage=decode model=tiny decoder=threshold prompt="Sam has 3 apples."   # block-diffusion target
+    python launch.py stage=decode model=tiny model.drafter=tiny-dflash decoder=dflash_draft \
+        model.drafter.path=runs/default/distill/<hash>/drafter prompt="Sam has 3 apples."   # a DFlash drafter
 
 The tiny world is built first if it is not cached (the runner attaches it). Decoders that read a stage artifact
 (``spot``, ``spiffy``) find it with ``common.lookup`` unless ``decoder.artifact`` names one. The last line printed is
@@ -100,13 +102,15 @@ def _decode_block(cfg: DictConfig, target, prompt: list[int], eos, where: str) -
 
 
 def _decode_speculative(cfg: DictConfig, verifier, prompt, eos, tokenizer, where) -> tuple[list[int], dict]:
-    """vanilla, or ar_draft / diffusion_draft with the preset's drafter (bridged when its tokenizer differs)."""
+    """vanilla, or ar_draft / diffusion_draft / dflash_draft with the preset's drafter (bridged when its tokenizer
+    differs; a DFlash drafter is shared with the verifier instead)."""
     name = cfg.decoder.name
     drafter_model = None if name == "vanilla" else build(cfg.model.drafter, "drafter", device=where, inference=True)
     try:
         spec, drafter = speculative_setup(
-            cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, eos_token_id=eos, seed=cfg.seed
-        )
+            cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, eos_token_id=eos, seed=cfg.seed,
+            verifier=verifier,
+        )  # fmt: skip
         get_rule(spec.acceptance, spec.temperature, spec.K if drafter is not None else 1)
     except (ValueError, NotImplementedError) as e:
         raise ConfigError(str(e)) from e

@@ -77,6 +77,8 @@ def check_roles(cfg: DictConfig) -> dict[str, dict[str, Any]]:
     for role in ROLES:
         node = cfg.model[role]
         source, available = weights_source(node)
+        if source == TINY_SOURCE and node.kind == "dflash":  # not a model of the world's: stage=distill trains it
+            source = "from scratch: a DFlash drafter, trained by stage=distill"
         roles[role] = {
             "preset": node.name,
             "family": node.family,
@@ -93,10 +95,20 @@ def check_roles(cfg: DictConfig) -> dict[str, dict[str, Any]]:
 def probe_model(node: DictConfig, role: str) -> dict[str, Any]:
     """Parameter count (from config.json for a folder: no weights are read) and, for a tiny preset, a parity check
     of freshly initialised weights against ``transformers``."""
-    from streakline.models import CheckpointError, build, locate, read_config, transformers_max_diff
+    from streakline.models import (
+        CheckpointError,
+        build,
+        dflash_config,
+        is_dflash,
+        locate,
+        read_config,
+        transformers_max_diff,
+    )
     from streakline.models.checkpoint import folder_family
 
     try:
+        if is_dflash(node, role):
+            return _probe_dflash(dflash_config(node, role, mask_token_id=0))  # the shapes only
         folder = locate(node, role)
         if folder is not None:
             family = folder_family(folder, node.family)
@@ -105,6 +117,23 @@ def probe_model(node: DictConfig, role: str) -> dict[str, Any]:
         return {"parameters": model.config.num_parameters(), "parity_max_abs": transformers_max_diff(model)}
     except CheckpointError as err:
         return {"problem": str(err)}
+
+
+def _probe_dflash(cfg) -> dict[str, Any]:
+    """A DFlash drafter's own parameter count (its embedding and head are the verifier's), counted on the meta device:
+    no memory for the weights, whatever their size."""
+    import torch
+
+    from streakline.models.dflash import DFlashModel
+
+    with torch.device("meta"):
+        model = DFlashModel(cfg)
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "kind": "dflash",
+        "target_layer_ids": list(cfg.target_layer_ids),
+        "block_size": cfg.block_size,
+    }
 
 
 def weights_source(node: DictConfig) -> tuple[str, bool]:

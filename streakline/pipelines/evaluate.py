@@ -37,7 +37,7 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.results import hardware, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
 
-from .common.lookup import distill_checkpoints, distill_runs, locate_block_artifact, stage_settings
+from .common.lookup import distill_checkpoints, distill_runs, drafted_decoder, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
@@ -127,10 +127,11 @@ def _result(folder: Path, records: list[dict], figures: dict[str, Path], lossy: 
 def discover(cfg: DictConfig) -> list[EvalMethod]:
     """The default method list (see the module docstring)."""
     ev = cfg.stage
+    base = drafted_decoder(cfg)  # dflash_draft when the preset's drafter is a DFlash one, which never runs as AR
     methods = [
         EvalMethod("vanilla", "vanilla"),
-        EvalMethod("ar_draft", "ar_draft"),
-        EvalMethod("base", "diffusion_draft", steps=0),  # step 0 of every Fig. 7 line, evaluated once
+        *([EvalMethod("ar_draft", "ar_draft")] if base == "diffusion_draft" else []),
+        EvalMethod("base", base, steps=0),  # step 0 of every Fig. 7 line, evaluated once
     ]
     runs = distill_runs(cfg)
     names = [r["method"] for r in runs]
@@ -139,14 +140,13 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     for r in runs:
         label = r["method"] if names.count(r["method"]) == 1 else f"{r['method']}@{Path(r['folder']).name}"
         drafter = str(Path(r["folder"]) / "drafter")
-        methods.append(
-            EvalMethod(label, "diffusion_draft", drafter=drafter, steps=r["steps"], distill_loss=r["method"])
-        )
+        decoder = drafted_decoder(cfg, drafter)  # a DFlash distill run's exports decode with dflash_draft
+        methods.append(EvalMethod(label, decoder, drafter=drafter, steps=r["steps"], distill_loss=r["method"]))
         # the run's intermediate checkpoints: Fig. 7 points at one temperature (the final one is the row above)
         for steps, folder in distill_checkpoints(r):
             if steps != r["steps"]:
                 curves.append(
-                    EvalMethod(f"{label}@{steps}", "diffusion_draft", drafter=folder, steps=steps,
+                    EvalMethod(f"{label}@{steps}", decoder, drafter=folder, steps=steps,
                                distill_loss=r["method"], temperature=curve_temperature, curve=True)
                 )  # fmt: skip
     scored = [r for r in runs if r["decoder_streak"] is not None]
@@ -155,7 +155,8 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
         for tau in ev.drafter_temperature_grid:
             methods.append(
                 EvalMethod(
-                    f"grid K={K} tau={tau:g}", "diffusion_draft", drafter=grid_drafter, K=K, drafter_temperature=tau,
+                    f"grid K={K} tau={tau:g}", drafted_decoder(cfg, grid_drafter), drafter=grid_drafter, K=K,
+                    drafter_temperature=tau,
                     argmax_chain=False, grid=True,
                 )
             )  # fmt: skip

@@ -33,7 +33,7 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.suite import evaluate_methods
 from streakline.world import attach_world
 
-from .common.lookup import distill_checkpoints, distill_runs, stage_overrides
+from .common.lookup import distill_checkpoints, distill_runs, drafted_decoder, stage_overrides
 from .common.prompts import evaluation_inputs
 from .common.roles import device
 from .runner import Stage, StageResult
@@ -95,9 +95,8 @@ def new_checkpoints(cfg: DictConfig, history: list[dict[str, Any]]) -> list[Eval
         for steps, ckpt in distill_checkpoints(run_):
             if new(ckpt):
                 label = f"{run_['method']}@{Path(run_['folder']).name}"
-                methods.append(
-                    EvalMethod(label, "diffusion_draft", drafter=ckpt, steps=steps, distill_loss=run_["method"])
-                )
+                decoder = drafted_decoder(cfg, ckpt)  # dflash_draft for a DFlash run's exports
+                methods.append(EvalMethod(label, decoder, drafter=ckpt, steps=steps, distill_loss=run_["method"]))
     return methods
 
 

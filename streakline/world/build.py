@@ -42,7 +42,7 @@ from streakline.artifacts import StageRun, config_hash, find_complete, read_mani
 from streakline.config import check_world
 from streakline.data import code_texts, corpus_fingerprint, math_texts, train_tokenizer
 from streakline.data.streams import TokenStream, mixed_batch
-from streakline.models import build, save_pretrained
+from streakline.models import build, is_dflash, save_pretrained
 from streakline.models.tokenizer import has_tokenizer, load_tokenizer, mask_token_id
 
 from .report import sanity_report
@@ -60,25 +60,37 @@ def world_key(cfg: DictConfig) -> dict[str, Any]:
     for role in ROLES:
         model[role]["path"] = model[role]["tokenizer"] = None
         model[role].pop("devices", None)  # where a model runs, not what it is
+        for key, default in LATER_CHECKPOINT_DEFAULTS.items():  # at their defaults, fields added later move no world
+            if model[role].get(key, default) == default:
+                model[role].pop(key, None)
         recipe = (model.get("world") or {}).get(role) or {}
         if recipe.get("init_from", "absent") is None:  # a field added later: unset, it must not move old worlds
             del recipe["init_from"]
     return {"model": model, "corpus": corpus_fingerprint(), "recipe": RECIPE_VERSION}
 
 
+# Checkpoint preset fields added after worlds were built, with the value every earlier preset meant.
+LATER_CHECKPOINT_DEFAULTS = {"kind": "transformer", "target_layer_ids": None}
+
+
 def world_config(cfg: DictConfig) -> DictConfig:
     """``cfg`` as the world sees it: a role pointed at its own checkpoint (``path``) does not use the world's model
     of that role, so the world keeps that role's preset values (``conf/checkpoint/<name>.yaml``) whatever the command
     line changed of it. Changing such a role's family, mask token or block size then finds the same world instead of
-    building another (15 minutes for ``model=tiny``). A role whose preset file is not found stays as it is."""
+    building another (15 minutes for ``model=tiny``). A role whose preset file is not found stays as it is.
+
+    A DFlash drafter (``model.drafter=micro-dflash``, or a path to a DFlash export) is not a model the world builds:
+    the world keeps the drafter its model preset names (``conf/model/<name>.yaml``), so it is the same world."""
     from streakline.config import CONF_DIR
-    from streakline.config.schema import CheckpointConfig
 
     reset = {}
     for role in ROLES:
+        if is_dflash(cfg.model[role], role):
+            reset[role] = _preset_node(CONF_DIR, _model_preset_role(CONF_DIR, cfg.model.name, role))
+            continue
         preset = CONF_DIR / "checkpoint" / f"{cfg.model[role].name}.yaml"
         if cfg.model[role].path is not None and preset.is_file():
-            node = OmegaConf.merge(OmegaConf.structured(CheckpointConfig), OmegaConf.load(preset))
+            node = _preset_node(CONF_DIR, cfg.model[role].name)
             node.path, node.tokenizer = cfg.model[role].path, cfg.model[role].tokenizer
             reset[role] = node
     if not reset:
@@ -87,6 +99,29 @@ def world_config(cfg: DictConfig) -> DictConfig:
     for role, node in reset.items():
         out.model[role] = node
     return out
+
+
+def _preset_node(conf_dir: Path, name: str) -> DictConfig:
+    from streakline.config.schema import CheckpointConfig
+
+    preset = OmegaConf.load(conf_dir / "checkpoint" / f"{name}.yaml")
+    return OmegaConf.merge(OmegaConf.structured(CheckpointConfig), preset)
+
+
+def _model_preset_role(conf_dir: Path, model: str, role: str) -> str:
+    """The checkpoint preset ``conf/model/<model>.yaml`` puts in ``role`` (its ``/checkpoint@<role>`` default)."""
+    from streakline.config import ConfigError
+
+    path = conf_dir / "model" / f"{model}.yaml"
+    defaults = OmegaConf.load(path).get("defaults", []) if path.is_file() else []
+    for entry in defaults:
+        for key, value in entry.items() if isinstance(entry, DictConfig) else ():
+            if key.endswith(f"@{role}") and (conf_dir / "checkpoint" / f"{value}.yaml").is_file():
+                return str(value)
+    raise ConfigError(
+        f"model.{role} is a DFlash drafter, which the {model} world does not build, and conf/model/{model}.yaml names "
+        f"no {role} preset of its own for the world to build instead"
+    )
 
 
 def ensure_world(cfg: DictConfig, progress: bool = True, device: str | torch.device = "cpu") -> Path:
@@ -114,20 +149,29 @@ def attach_world(
     from the world, e.g. by transformers' save_pretrained, which saves no tokenizer): a foreign checkpoint never
     borrows the world's tokenizer. A role's ``tokenizer`` given on the command line is kept either way.
 
+    A DFlash drafter role (``model.drafter=micro-dflash``) is no model of the world's: it keeps its preset (built from
+    scratch) or its path, and gets the world's tokenizer, which is its verifier's.
+
     ``roles``: the roles the stage loads. When each of them has a ``path``, the world is not built for them (it is
     still used, if already built, for the tokenizer). Presets without a world pass through untouched.
     ``device``: where a world that must be built trains (the stages pass ``roles.device()``).
     """
     if cfg.model.world is None:
         return cfg
-    check_world(cfg)
     world = world_config(cfg)
+    check_world(world)
     if all(cfg.model[role].path is not None for role in roles):
         folder = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, config_hash(world_key(world)))
     else:
         folder = ensure_world(world, progress, device)
     for role in ROLES:
         node = cfg.model[role]
+        if is_dflash(node, role):
+            # not a model of the world's, but it drafts with the verifier's tokenizer (the world's), whose mask token
+            # fills its blocks
+            if folder is not None:
+                node.tokenizer = node.tokenizer or str(folder / "tokenizer")
+            continue
         if node.path is None:
             if folder is None:
                 continue  # not a role this stage loads, and no world to point it at

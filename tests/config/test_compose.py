@@ -3,6 +3,7 @@
 Run: python -m pytest tests/config/test_compose.py
 """
 
+import re
 import shutil
 from pathlib import Path
 
@@ -47,14 +48,48 @@ def test_every_group_option_composes_and_validates(group, option):
     assert cfg[group].name == option
 
 
-# Each checkpoint preset once, the roles taken in turn (a compose costs ~0.2 s; every pairing adds nothing).
-_CHECKPOINT_CASES = [(ROLES[i % len(ROLES)], p) for i, p in enumerate(group_options(CONF_DIR, "checkpoint"))]
+# A DFlash drafter (kind: dflash) only drafts, and only for the verifier whose shapes it shares: it composes into the
+# drafter role beside that verifier.
+DFLASH_VERIFIER = {"micro-dflash": "micro-verifier", "tiny-dflash": "tiny-verifier", "qwen3-8b-dflash": "qwen3-8b"}
+# Each other checkpoint preset once, the roles taken in turn (a compose costs ~0.2 s; every pairing adds nothing).
+_PLAIN = [p for p in group_options(CONF_DIR, "checkpoint") if p not in DFLASH_VERIFIER]
+_CHECKPOINT_CASES = [(ROLES[i % len(ROLES)], p) for i, p in enumerate(_PLAIN)]
 
 
 @pytest.mark.parametrize(("role", "preset"), _CHECKPOINT_CASES, ids=lambda v: str(v))
 def test_every_checkpoint_preset_composes_into_a_role(role, preset):
     cfg = compose_config([f"model.{role}={preset}"])
     assert cfg.model[role].name == preset
+
+
+@pytest.mark.parametrize("preset", sorted(DFLASH_VERIFIER))
+def test_every_dflash_preset_composes_as_the_drafter_of_its_verifier(preset):
+    assert {p for p in group_options(CONF_DIR, "checkpoint") if "dflash" in p} == set(DFLASH_VERIFIER)
+    cfg = compose_config([f"model.verifier={DFLASH_VERIFIER[preset]}", f"model.drafter={preset}"])
+    node = cfg.model.drafter
+    assert node.kind == "dflash" and node.gamma == node.block_size - 1
+    if cfg.model.verifier.arch is not None:  # a world's: the same hidden size and vocabulary, ids inside its depth
+        assert node.arch.hidden_size == cfg.model.verifier.arch.hidden_size
+        assert node.arch.vocab_size == cfg.model.verifier.arch.vocab_size
+        assert max(node.target_layer_ids) <= cfg.model.verifier.arch.num_layers
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model.verifier=micro-dflash"], "only drafts for a verifier"),
+        (["model.drafter=micro-dflash"], "model.drafter.arch.hidden_size=64 but model.verifier.arch.hidden_size=256"),
+        (["model=micro", "model.drafter=micro-dflash", "model.drafter.block_size=1"], "model.drafter.block_size=1"),
+        (["model=micro", "model.drafter=micro-dflash", "model.drafter.target_layer_ids=[]"], "target_layer_ids"),
+        (["model=micro", "model.drafter=micro-dflash", "model.drafter.target_layer_ids=[1,3]"], "reads past"),
+        (["model=micro", "model.drafter=micro-dflash", "model.drafter.gamma=5"], "set model.drafter.gamma=4"),
+        (["model=micro", "model.drafter.kind=draft"], "transformer, dflash"),
+        (["stage=bootstrap", "model=micro", "model.drafter=micro-dflash"], "does not build"),
+    ],
+)
+def test_bad_dflash_presets_name_the_fix(overrides, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        compose_config(overrides)
 
 
 def test_every_yaml_file_is_reached():

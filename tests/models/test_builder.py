@@ -1,11 +1,14 @@
-"""Presets to models (tiny from scratch, local folders, hub ids that are not cached) and tokenizer helpers."""
+"""Presets to models (tiny from scratch, local folders, hub ids that are not cached, DFlash drafters from a preset
+or a folder) and tokenizer helpers."""
 
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from streakline.models import CheckpointError, Transformer, build, locate, save_pretrained
+from streakline.models import CheckpointError, Transformer, build, dflash_config, is_dflash, locate, save_pretrained
+from streakline.models.dflash import DFlashModel, block_inputs
+from streakline.models.dflash_checkpoint import save_dflash
 from streakline.models.tokenizer import add_mask_token, load_tokenizer, mask_token_id, tokenizer_hash
 from tests.models.helpers import tiny_config
 
@@ -102,3 +105,76 @@ def test_add_mask_token_uses_mean_embedding_and_changes_identity(tmp_path):
     assert tokenizer_hash(tok) != before
     with torch.no_grad():
         assert model(torch.tensor([[new_id, 0]])).shape == (1, 2, len(tok))
+
+
+# ------------------------------------------------------------------------------------------------- DFlash drafters
+DFLASH = {
+    "name": "test-dflash",
+    "kind": "dflash",
+    "family": "qwen3",
+    "attention": "full",
+    "shift": False,
+    "mask_token": "<|mask|>",
+    "block_size": 5,
+    "target_layer_ids": [1, 2],
+    "dtype": "float32",
+    "arch": {
+        "vocab_size": 120,
+        "hidden_size": 64,
+        "intermediate_size": 48,
+        "num_layers": 1,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "qk_norm": True,
+    },
+}
+
+
+def _dflash_verifier() -> Transformer:
+    return Transformer(tiny_config("qwen2", vocab_size=120)).init_weights(seed=5)
+
+
+def test_a_dflash_preset_builds_a_seeded_drafter_that_drafts_once_shared(tmp_path):
+    tok = _tokenizer_folder(tmp_path)
+    preset = {**DFLASH, "tokenizer": str(tok)}
+    assert is_dflash(preset) and not is_dflash(TINY)
+    a, b = build(preset, "drafter", seed=3), build(preset, "drafter", seed=3)
+    assert isinstance(a, DFlashModel)
+    assert a.dflash.target_layer_ids == (1, 2) and a.dflash.block_size == 5
+    assert a.dflash.mask_token_id == load_tokenizer(tok).convert_tokens_to_ids("<|mask|>")
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(p, q), n
+    assert not torch.equal(build(preset, "drafter", seed=4).fc.weight, a.fc.weight)
+    block = block_inputs(torch.tensor([7]), 5, a.dflash.mask_token_id)  # [1, 5]: the token, 4 masks
+    with pytest.raises(RuntimeError, match=r"drafter.share\(verifier\)"):  # no embedding of its own
+        a(block, torch.arange(5)[None])
+    verifier = _dflash_verifier()
+    with torch.no_grad():
+        assert a.share(verifier)(block, torch.arange(5)[None]).shape == (1, 5, 120)
+    frozen = build(preset, "drafter", inference=True)
+    assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
+
+
+def test_a_dflash_preset_without_the_verifiers_tokenizer_names_the_fix():
+    with pytest.raises(CheckpointError, match="model.drafter.tokenizer"):
+        build(DFLASH, "drafter")
+
+
+def test_a_dflash_folder_builds_whatever_the_preset_and_a_wrong_folder_is_refused(tmp_path):
+    preset = {**DFLASH, "tokenizer": str(_tokenizer_folder(tmp_path))}
+    drafter = build(preset, "drafter", seed=1)
+    folder = save_dflash(drafter, tmp_path / "dflash", verifier_name="test/verifier")
+    plain = {**TINY, "path": str(folder)}  # a plain drafter preset pointed at a DFlash export: the folder decides
+    for p in (plain, {**preset, "path": str(folder)}):
+        assert is_dflash(p)
+        loaded = build(p, "drafter")
+        assert isinstance(loaded, DFlashModel) and loaded.dflash.verifier == "test/verifier"
+        for (n, a), (_, b) in zip(loaded.state_dict().items(), drafter.state_dict().items(), strict=True):
+            assert torch.equal(a, b), n
+    with pytest.raises(CheckpointError, match=r"block_size=9 \(the folder: 5\)"):
+        build({**preset, "path": str(folder), "block_size": 9}, "drafter")
+    with pytest.raises(CheckpointError, match=r"target_layer_ids=\(0, 2\)"):
+        dflash_config({**preset, "path": str(folder), "target_layer_ids": [0, 2]})
+    transformer = save_pretrained(_dflash_verifier(), tmp_path / "plain")
+    with pytest.raises(CheckpointError, match="holds no DFlash drafter"):
+        build({**preset, "path": str(transformer)}, "drafter")

@@ -227,6 +227,15 @@ def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
     return sorted(runs, key=lambda r: r["finished_at"])
 
 
+def drafted_decoder(cfg: DictConfig, drafter: str | None = None) -> str:
+    """The speculative decoder that runs a drafter checkpoint folder (None: the model preset's drafter):
+    ``dflash_draft`` for a DFlash drafter (a DFlash distill run exports one), else ``diffusion_draft``."""
+    from streakline.models import is_dflash
+
+    node = cfg.model.drafter if drafter is None else {"path": drafter}
+    return "dflash_draft" if is_dflash(node, "drafter") else "diffusion_draft"
+
+
 def distill_checkpoints(run: dict[str, Any]) -> list[tuple[int, str]]:
     """(steps, folder) of every checkpoint of a :func:`distill_runs` run, by steps: each ``checkpoints/step-*``
     folder, and the final ``drafter/`` unless a step checkpoint of the same step count exists (same weights)."""

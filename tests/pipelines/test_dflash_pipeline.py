@@ -1,0 +1,155 @@
+"""DFlash drafters through the stages on the micro world (``model.drafter=micro-dflash``): stage=distill trains one
+and exports a ``speculators`` folder, stage=decode with ``decoder=dflash_draft`` reproduces the verifier's greedy
+output with it, stage=evaluate runs and discovers it; what DFlash training cannot do and wrong pairings are refused
+with the fix, before any folder is made.
+
+    python -m pytest tests/pipelines/test_dflash_pipeline.py -q
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.config import ConfigError, compose_config
+from streakline.models.dflash import DFlashModel
+from streakline.models.dflash_checkpoint import load_dflash
+from streakline.pipelines import run_stage
+from streakline.world import attach_world
+
+EXPERIMENT = "dflash"
+DFLASH = "model.drafter=micro-dflash"  # the role-swap shorthand for checkpoint@model.drafter=micro-dflash
+PROMPT = "Sam has 3 apples."
+DATA = [
+    "data.max_prompts=16",
+    "data.samples_per_prompt=1",
+    "data.max_new_tokens=24",
+    "data.num_shards=2",
+    "data.batch_size=8",
+]
+TRAIN = [
+    "trainer.max_steps=8",
+    "trainer.micro_batch_size=2",
+    "trainer.lr=3e-3",
+    "trainer.warmup_steps=2",
+    "trainer.save_every=4",
+    "trainer.eval_every=8",
+    "trainer.log_every=1",
+    "trainer.eval_prompts=2",
+    "trainer.windows_per_seq=4",
+]
+
+
+def _cfg(root, stage: str, *extra: str):
+    return compose_config(
+        [f"stage={stage}", "model=micro", f"run_root={root}", f"experiment.name={EXPERIMENT}", *DATA, *TRAIN, *extra]
+    )
+
+
+def _folders(root) -> list[Path]:
+    return sorted(p for p in Path(root).rglob("*") if p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def world(micro_world):
+    root = micro_world[0]
+    run_stage(_cfg(root, "trajectories"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def dflash_run(world):
+    return run_stage(_cfg(world, "distill", DFLASH, "method=dflash_ce"))
+
+
+def _decode(root, *extra):
+    cfg = compose_config(["stage=decode", "model=micro", f"run_root={root}", "decoder.max_new_tokens=12", *extra])
+    return run_stage(cfg).details["line"]
+
+
+def test_dflash_ce_exports_a_speculators_drafter_that_decodes_like_the_verifier(world, dflash_run, capsys):
+    run, folder = dflash_run.folder, dflash_run.artifact
+    losses = [x["loss"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in x]
+    assert len(losses) == 8 and sum(losses[-2:]) < sum(losses[:2])
+    # the held-out checks ran through the DFlash paths (packed simulated streak, DFlashDrafter in the decoder)
+    assert len(dflash_run.metrics["eval/tiny-math/alpha"]) == 4 and dflash_run.metrics["eval/tiny-math/decoder_streak"]
+
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["speculators_model_type"] == "dflash"
+    assert config["aux_hidden_state_layer_ids"] == [1, 2] and config["block_size"] == 5
+    verifier = attach_world(_cfg(world, "distill"), False).model.verifier
+    assert config["speculators_config"]["verifier"] == {
+        "name_or_path": verifier.path,
+        "architectures": ["Qwen2ForCausalLM"],
+    }
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000004", "step-000008"]
+    drafter, last = load_dflash(folder), load_dflash(run / "checkpoints" / "step-000008")
+    assert isinstance(drafter, DFlashModel) and drafter.dflash.target_layer_ids == (1, 2)
+    for (name, a), (_, b) in zip(drafter.state_dict().items(), last.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    for prompt in (f"prompt={PROMPT}", "prompt_ids=[5,6,7]"):
+        vanilla = _decode(world, "decoder=vanilla", prompt)
+        drafted = _decode(world, DFLASH, "decoder=dflash_draft", f"model.drafter.path={folder}", prompt)
+        assert drafted["token_ids"] == vanilla["token_ids"]
+        assert drafted["gamma"] == 4 and drafted["drafter_forwards"] >= 1  # unset gamma: block_size - 1
+    capsys.readouterr()
+    again = run_stage(_cfg(world, "distill", DFLASH, "method=dflash_ce"))  # complete: found, not retrained
+    assert again.cached and again.folder == run
+    assert "model.drafter=micro-dflash decoder=dflash_draft" in capsys.readouterr().out  # how to decode with it
+
+
+def test_other_losses_train_dflash_drafters_and_evaluate_runs_them(world, dflash_run):
+    res = run_stage(_cfg(world, "distill", DFLASH, "method=ce_streak", "trainer.max_steps=4", "trainer.eval_prompts=0"))
+    assert json.loads((res.artifact / "config.json").read_text())["speculators_model_type"] == "dflash"
+    # the drafter's kind is in the run key: the same method on the preset's plain drafter is another run
+    from streakline.pipelines.distill import STAGE as DISTILL
+
+    plain, dflash = (attach_world(_cfg(world, "distill", *x), False) for x in ([], [DFLASH]))
+    assert DISTILL.key(plain)["gamma"] == DISTILL.key(dflash)["gamma"] == 4
+    assert DISTILL.key(plain)["drafter"] != DISTILL.key(dflash)["drafter"]
+    # stage=evaluate discovers DFlash runs as dflash_draft rows and runs one against vanilla, losslessly
+    from streakline.pipelines.evaluate import discover
+
+    rows = {m.drafter: m.decoder for m in discover(attach_world(_cfg(world, "evaluate"), False)) if m.drafter}
+    assert rows[str(dflash_run.artifact)] == rows[str(res.artifact)] == "dflash_draft"
+    base = discover(attach_world(_cfg(world, "evaluate", DFLASH), False))
+    assert {m.name: m.decoder for m in base}["base"] == "dflash_draft" and "ar_draft" not in {m.name for m in base}
+    method = f"{{name: dflash, decoder: dflash_draft, drafter: '{dflash_run.artifact}'}}"
+    result = run_stage(
+        _cfg(world, "evaluate", f"stage.methods=[{method}]", "stage.prompts=2", "stage.temperatures=[0.0]",
+             "stage.benchmarks=[tiny-math]", "stage.max_new_tokens=8", "stage.block=false", "stage.figures=false")
+    )  # fmt: skip
+    records = {r["method"]: r for r in result.details["records"]}
+    assert records["dflash"]["lossless"] and records["dflash"]["settings"]["gamma"] == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["method=dflash_ce", "method.gamma=3"], "set method.gamma=4"),
+        (["method=distillspec", "method.teacher=online", "method.onpolicy_mix=0.5"], "set method.onpolicy_mix=0"),
+        (["method=dflash_ce", "trainer.lora.enabled=true"], "set trainer.lora.enabled=false"),
+        (["method=mdm"], "pretraining objective"),
+    ],
+)
+def test_what_dflash_training_cannot_do_is_refused_before_any_folder(world, overrides, match):
+    before = _folders(world)
+    with pytest.raises(ConfigError, match=match):
+        run_stage(_cfg(world, "distill", DFLASH, *overrides))
+    assert _folders(world) == before
+
+
+def test_wrong_pairings_are_refused_with_the_fix(world, dflash_run):
+    folder = dflash_run.artifact
+    prompt = "prompt_ids=[5,6,7]"
+    with pytest.raises(ConfigError, match="use decoder=dflash_draft"):
+        _decode(world, "decoder=diffusion_draft", f"model.drafter.path={folder}", prompt)
+    with pytest.raises(ConfigError, match="the drafter is a plain transformer"):
+        _decode(world, "decoder=dflash_draft", prompt)
+    # a verifier of another hidden size (the world's 32-wide drafter) cannot lend the DFlash drafter its head
+    other = attach_world(_cfg(world, "decode"), False).model.drafter.path
+    with pytest.raises(ConfigError, match="hidden size 64.*the verifier's is 32"):
+        _decode(world, "decoder=dflash_draft", f"model.drafter.path={folder}", f"model.verifier.path={other}", prompt)
+    with pytest.raises(ConfigError, match="pick the DFlash preset made for model.verifier=micro-verifier"):
+        _cfg(world, "decode", "model.drafter=tiny-dflash")
