@@ -17,8 +17,13 @@ gives the paper's two ratios on tiny-math at T=0: streak-trained over the base d
 DistillSpec (paper: +35%), for streak and ce_streak against the best DistillSpec variant.
 Not a test: nothing is asserted. Needs the tiny world and its trajectories (both are built when missing).
 
+``--drafter tiny-dflash`` trains a DFlash drafter (docs/dflash.md; from its seeded initialisation, so ``base`` is
+the untrained one and the standalone tiny drafter is shown beside it) with the same losses plus ``dflash_ce`` (the
+DFlash papers' decayed cross-entropy), and adds the ratios of streak-trained over dflash_ce-trained drafters.
+
     python bench/distill_methods.py --seeds 0 1 2 --steps 150 --json distill_methods.json   # ~50 min, 2 cores
     python bench/distill_methods.py --steps 100 --prompts 8 --methods streak distillspec-tvd
+    python bench/distill_methods.py --drafter tiny-dflash --steps 400 --methods dflash_ce ce_streak streak
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from streakline.alignment.streak import simulated_streak
 from streakline.config import compose_config
 from streakline.data import load_benchmark
 from streakline.data.benchmarks import prompt_text
-from streakline.decoding.drafters import ARDrafter, DiffusionDrafter
+from streakline.decoding.drafters import ARDrafter, DFlashDrafter, DiffusionDrafter
 from streakline.decoding.speculative import SpecConfig, generate
 from streakline.decoding.vanilla import greedy_generate
 from streakline.models import build, load_pretrained
+from streakline.models.dflash_checkpoint import load_dflash
 from streakline.models.tokenizer import load_tokenizer
 from streakline.pipelines import run_stage
 from streakline.pipelines.common.roles import device
@@ -52,6 +58,7 @@ METHODS = {
     "distillspec-fkl-online": ["method=distillspec", "method.divergence=fkl", "method.teacher=online"],
     "distillspec-tvd-online": ["method=distillspec", "method.divergence=tvd", "method.teacher=online"],
     "ar_distill": ["method=ar_distill", "method.divergence=tvd"],
+    "dflash_ce": ["method=dflash_ce"],
 }
 COLUMNS = ("tiny-math/sim", "tiny-math/T0", "tiny-math/T1", "tiny-code/sim", "tiny-code/T0", "tiny-code/T1")
 
@@ -66,6 +73,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=48, help="tokens per held-out continuation / decode")
     ap.add_argument("--experiment", default="distill-methods")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--drafter", default=None, help="a drafter preset to train instead (e.g. tiny-dflash)")
     args = ap.parse_args()
     torch.manual_seed(0)
     base = [
@@ -80,13 +88,19 @@ def main() -> None:
         f"trainer.eval_every={args.steps}",
         "trainer.log_every=50",
         "trainer.wandb_project=null",
+        *([f"model.drafter={args.drafter}"] if args.drafter else []),
     ]
     t0 = time.perf_counter()
     cfg = attach_world(compose_config(["stage=distill", *base]), progress=False, device=device())
     tok = load_tokenizer(cfg.model.verifier.tokenizer)
     verifier = build(cfg.model.verifier, "verifier", device=device(), inference=True)
     gamma = cfg.model.drafter.gamma
-    mask_id = build(cfg.model.drafter, "drafter").config.mask_token_id
+    dflash = cfg.model.drafter.kind == "dflash"
+    if dflash:
+        start = build(cfg.model.drafter, "drafter", seed=0).share(verifier).eval()
+        mask_id = start.dflash.mask_token_id
+    else:
+        mask_id = build(cfg.model.drafter, "drafter").config.mask_token_id
     held = {}
     for name in ("tiny-math", "tiny-code"):
         prompts = [
@@ -99,14 +113,15 @@ def main() -> None:
     def measure(drafter, kind: str) -> dict:
         row = {}
         for name, pairs in held.items():
-            if kind == "diffusion":
-                s = simulated_streak(drafter, pairs, gamma, mask_id)
+            if kind in ("diffusion", "dflash"):
+                s = simulated_streak(drafter, pairs, gamma, mask_id, verifier=verifier if kind == "dflash" else None)
                 row[f"{name}/sim"] = s["mean_streak"]
                 row[f"{name}/alpha"] = s["alpha"]
             for temperature in (0.0, 1.0):
                 draft_t = 0.0 if temperature == 0 else 1.0
-                proposer = (DiffusionDrafter(drafter, temperature=draft_t) if kind == "diffusion"
-                            else ARDrafter(drafter, temperature=draft_t))  # fmt: skip
+                proposer = {"diffusion": DiffusionDrafter, "ar": ARDrafter, "dflash": DFlashDrafter}[kind](
+                    drafter, temperature=draft_t
+                )
                 res = generate(
                     verifier,
                     [p for p, _ in pairs],
@@ -117,15 +132,25 @@ def main() -> None:
                 row[f"{name}/T{temperature:g}"] = res.metrics.accepted_per_cycle
         return row
 
-    base_drafter = load_pretrained(cfg.model.drafter.path).to(device()).eval()
-    rows: dict[str, list[dict]] = {"base": [measure(base_drafter, "diffusion")]}
-    rows["ar_draft"] = [measure(base_drafter, "ar")]
+    if dflash:  # the untrained DFlash drafter, and the world's standalone drafter for comparison
+        world_drafter = load_pretrained(attach_world(compose_config(["stage=distill", "model=tiny"]), progress=False)
+                                        .model.drafter.path).to(device()).eval()  # fmt: skip
+        rows: dict[str, list[dict]] = {"base": [measure(start, "dflash")]}
+        rows["standalone_base"] = [measure(world_drafter, "diffusion")]
+        print(f"parameters: DFlash drafter {_params(start):,}, standalone tiny drafter {_params(world_drafter):,}")
+    else:
+        base_drafter = load_pretrained(cfg.model.drafter.path).to(device()).eval()
+        rows = {"base": [measure(base_drafter, "diffusion")]}
+        rows["ar_draft"] = [measure(base_drafter, "ar")]
     for seed in args.seeds:
         run_stage(compose_config(["stage=trajectories", *base, f"seed={seed}"]))
         for label in args.methods:
             result = run_stage(compose_config(["stage=distill", *base, *METHODS[label], f"seed={seed}"]))
-            drafter = load_pretrained(result.artifact).to(device()).eval()
-            rows.setdefault(label, []).append(measure(drafter, "diffusion") | {"seed": seed})
+            if dflash:
+                drafter, kind = load_dflash(result.artifact, device=device()).share(verifier).eval(), "dflash"
+            else:
+                drafter, kind = load_pretrained(result.artifact).to(device()).eval(), "diffusion"
+            rows.setdefault(label, []).append(measure(drafter, kind) | {"seed": seed})
             print(f"  {label} seed {seed}: math T0 {rows[label][-1]['tiny-math/T0']:.3f} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
 
@@ -157,6 +182,10 @@ def main() -> None:
                       indent=1)  # fmt: skip
 
 
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
 def _mean_spread(values: list[float]) -> tuple[float | None, float]:
     if not values:
         return None, 0.0
@@ -175,11 +204,16 @@ def _ratios(summary: dict) -> None:
     for label in ("streak", "ce_streak"):
         if value.get(label) is None:
             continue
-        line = f"  {label}: {value[label] / value['base']:.2f}x base"
+        line = f"  {label}: " + (f"{value[label] / value['base']:.2f}x base" if value.get("base") else "base is 0")
         if spec:
             best = max(spec, key=spec.get)
             line += f", {value[label] / spec[best]:.2f}x {best} (the best DistillSpec variant)"
         print(line)
+    if value.get("dflash_ce"):
+        print("tiny-math, T=0: streak losses over the DFlash papers' decayed CE (goal: 1.2x)")
+        for label in ("streak", "ce_streak"):
+            if value.get(label) is not None:
+                print(f"  {label}: {value[label] / value['dflash_ce']:.2f}x dflash_ce")
 
 
 if __name__ == "__main__":
