@@ -108,17 +108,12 @@ def build(
     (``Transformer.fuse_projections``: fewer, larger matmuls per decode step). On a CPU the weights stay as the
     checkpoint has them, so CPU results do not move by a rounding."""
     dtype = _dtype(preset, dtype)
-    if is_dflash(preset, role):
-        model = _build_dflash(preset, role, dtype=dtype, device=device, seed=seed)
-        if inference:
-            model.eval().requires_grad_(False)
-            if model.fc.weight.device.type == "cuda":
-                model.fuse_projections()
-        return model
-    model = _build(preset, role, dtype=dtype, device=device, seed=seed)
+    make = _build_dflash if is_dflash(preset, role) else _build
+    model = make(preset, role, dtype=dtype, device=device, seed=seed)
     if inference:
         model.eval().requires_grad_(False)
-        if model.layer_devices is None and model.embed.weight.device.type == "cuda":
+        # a DFlash drafter's parameters are its layers' (the embedding is the verifier's, shared later)
+        if model.layer_devices is None and next(model.parameters()).device.type == "cuda":
             model.fuse_projections()
     return model
 

@@ -42,7 +42,7 @@ from torch import nn
 from .config import TransformerConfig
 from .kv_cache import KVCache
 from .masks import build_mask, default_positions
-from .transformer import Block, RMSNorm, init_weights, rotary_tables
+from .transformer import Block, RMSNorm, fuse_blocks, init_weights, rotary_tables
 
 
 @dataclass
@@ -137,9 +137,7 @@ class DFlashModel(nn.Module):
     def fuse_projections(self) -> DFlashModel:
         """For inference, as ``Transformer.fuse_projections``: q/k/v and gate/up one matrix each in every layer (the
         context rows then use only the k/v rows). Do not train a fused model."""
-        for layer in self.layers:
-            layer.attn.fuse()
-            layer.mlp.fuse()
+        fuse_blocks(self.layers)
         return self
 
     # -------------------------------------------------------------------------------------------- forwards

@@ -320,9 +320,7 @@ class Transformer(nn.Module):
     def fuse_projections(self) -> Transformer:
         """For inference: q/k/v and gate/up become one matrix each in every layer (two matmuls fewer per layer and
         no extra weights kept). ``state_dict`` still gives the checkpoint's names; do not train a fused model."""
-        for layer in self.layers:
-            layer.attn.fuse()
-            layer.mlp.fuse()
+        fuse_blocks(self.layers)
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -336,6 +334,13 @@ class Transformer(nn.Module):
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
         return self.logits(h).to(input_ids.device)
+
+
+def fuse_blocks(layers) -> None:
+    """Fuse q/k/v and gate/up of every ``Block`` in ``layers`` (``Transformer`` and DFlash drafters alike)."""
+    for layer in layers:
+        layer.attn.fuse()
+        layer.mlp.fuse()
 
 
 def init_weights(module: nn.Module, seed: int | None = None, std: float = 0.02):

@@ -159,10 +159,7 @@ def test_fused_projections_draft_the_same():
 
     verifier = _verifier()
     drafter = _drafter(verifier)
-    fused = copy.deepcopy(drafter).share(verifier)
-    for layer in fused.layers:
-        layer.attn.fuse()
-        layer.mlp.fuse()
+    fused = copy.deepcopy(drafter).share(verifier).fuse_projections()
     L = drafter.dflash.block_size
     ids = torch.randint(0, V - 1, (2, 12), generator=torch.Generator().manual_seed(9))
     feats = _features(verifier, ids, drafter.dflash.target_layer_ids)
