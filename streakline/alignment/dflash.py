@@ -34,6 +34,7 @@ from streakline.models.dflash import DFlashConfig, DFlashModel, packed_blocks
 
 from .data import WindowBatch
 from .losses import TEACHER_LOSSES, LossInput, LossSettings, compute_loss
+from .windows import slot_rows, window_labels
 
 
 def slot_hidden(
@@ -75,8 +76,6 @@ def dflash_draft_argmax(
     ``[K]`` (each >= 1): the argmax of every window's block in one packed forward, as ``streak.draft_argmax`` gives
     for a diffusion drafter (what ``DFlashDrafter`` proposes at temperature 0, up to rounding: it caches the context).
     ``mask_id``: the windows' filler for labels past the end."""
-    from .windows import window_labels
-
     _, slots = slot_hidden(drafter, verifier, clean[None], offsets[None])
     draft = drafter.logits(slots[0]).argmax(-1)
     G = draft.shape[1]
@@ -169,11 +168,9 @@ class DFlashTrainModule(nn.Module):
         """``[N, G, V]`` fp32 verifier logits of the real windows' slots from its final states ``final`` ``[B, T, H]``
         over the clean rows: position ``i`` is predicted from ``i - 1``. Slots past a row's end (invalid, never
         counted) read the last column."""
-        B, W, G = batch.labels.shape
-        pos = (batch.offsets[:, :, None] + torch.arange(G, device=final.device) - 1).clamp(0, final.shape[1] - 1)
-        rows = torch.gather(final, 1, pos.reshape(B, W * G)[:, :, None].expand(-1, -1, final.shape[-1]))
+        rows = slot_rows(final, batch.offsets, batch.labels.shape[-1])
         # only the real windows' rows go through the head: filler windows would cost V columns each for nothing
-        return self.verifier.logits(rows.view(B * W, G, -1)[keep]).float()
+        return self.verifier.logits(rows[keep]).float()
 
 
 def dflash_from_state(state: dict[str, torch.Tensor], cfg: DFlashConfig) -> DFlashModel:

@@ -44,6 +44,7 @@ from streakline.models import Transformer
 
 from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
+from .windows import slot_rows
 
 FAULT_SIGTERM_AT = "STREAKLINE_FAULT_SIGTERM_AT_STEP"
 EXPORTED = "exported.json"  # in the DeepSpeed folder: the tag and folder of the last finished export
@@ -193,13 +194,8 @@ class DraftTrainModule(nn.Module):
     @torch.no_grad()
     def _teacher_logits(self, batch: WindowBatch) -> torch.Tensor:
         """``[B*W, G, V]`` online verifier logits for every slot: the verifier predicts position ``i`` from ``i-1``."""
-        verifier = self._verifier[0]
-        logits = verifier(batch.clean, attention_mask=batch.pad_valid.long())
-        B, W, G = batch.labels.shape
-        pos = (batch.offsets[:, :, None] + torch.arange(G, device=logits.device) - 1).clamp(0, logits.shape[1] - 1)
-        index = pos.reshape(B, W * G)
-        picked = torch.gather(logits, 1, index[:, :, None].expand(-1, -1, logits.shape[-1]))
-        return picked.view(B * W, G, -1).float()
+        logits = self._verifier[0](batch.clean, attention_mask=batch.pad_valid.long())
+        return slot_rows(logits, batch.offsets, batch.labels.shape[-1]).float()
 
 
 class Trainer:

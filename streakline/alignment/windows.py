@@ -187,3 +187,13 @@ def _packed_mask(offsets: torch.Tensor, T: int, W: int, pad_valid: torch.Tensor 
     # The diagonal only matters for padded clean queries: a row with no visible key would give NaN in SDPA,
     # and NaN times a zero loss weight still poisons the gradients.
     return sees_clean | (same_window | torch.eye(S, dtype=torch.bool, device=device))[None]
+
+
+def slot_rows(x: torch.Tensor, offsets: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B * W, width, D]``: for every window (``offsets`` ``[B, W]``) the rows of ``x`` ``[B, T, D]`` that predict
+    its slots, position ``i`` read from ``i - 1`` (an AR verifier's logits or final states over the clean rows).
+    Slots past a row's end (invalid, never counted) read the last row."""
+    B, W = offsets.shape
+    pos = (offsets[:, :, None] + torch.arange(width, device=x.device) - 1).clamp(0, x.shape[1] - 1)
+    rows = torch.gather(x, 1, pos.reshape(B, W * width)[:, :, None].expand(-1, -1, x.shape[-1]))
+    return rows.view(B * W, width, -1)
