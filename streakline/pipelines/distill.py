@@ -134,7 +134,7 @@ class Distill(Stage):
         from streakline.models.dflash_checkpoint import save_dflash
 
         out, gamma, method = stage_run.dir, _gamma(cfg), cfg.method
-        dflash = _dflash(cfg) is not None
+        dflash = _is_dflash(cfg)
         strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed)
         # a DFlash drafter has no tokenizer of its own: it drafts in the verifier's vocabulary
         tokenizer = role_tokenizer(cfg, "verifier" if dflash else "drafter")
@@ -305,12 +305,19 @@ def _gamma(cfg: DictConfig) -> int:
 
 
 # --------------------------------------------------------------------------------------------- DFlash drafters
+def _is_dflash(cfg: DictConfig) -> bool:
+    """Whether the drafter is a DFlash drafter (its preset's kind, or its weights folder); reads no tokenizer."""
+    from streakline.models import is_dflash
+
+    return is_dflash(cfg.model.drafter, "drafter")
+
+
 def _dflash(cfg: DictConfig):
     """The drafter's ``DFlashConfig`` (from its folder, or its preset and the verifier's tokenizer) when it is a
     DFlash drafter, else None."""
-    from streakline.models import dflash_config, is_dflash
+    from streakline.models import dflash_config
 
-    return dflash_config(cfg.model.drafter, "drafter") if is_dflash(cfg.model.drafter, "drafter") else None
+    return dflash_config(cfg.model.drafter, "drafter") if _is_dflash(cfg) else None
 
 
 def _check_dflash(cfg: DictConfig, dflash) -> None:
@@ -336,10 +343,8 @@ def _check_dflash(cfg: DictConfig, dflash) -> None:
 def _dflash_key(cfg: DictConfig) -> dict[str, Any] | None:
     """The run key's ``drafter`` for a DFlash drafter: its weights folder, or for one built from scratch its preset
     (shapes, layer ids, block, mask token), which a path-less plain drafter's key never needed. None otherwise."""
-    from streakline.models import is_dflash
-
     node = cfg.model.drafter
-    if not is_dflash(node, "drafter"):
+    if not _is_dflash(cfg):
         return None
     if node.path or node.hub_id:
         return {"kind": "dflash", "weights": node.path or node.hub_id}
@@ -371,7 +376,7 @@ def _verifier_identity(cfg: DictConfig) -> dict[str, str | None]:
 
 def _decode_hint(cfg: DictConfig) -> dict[str, str]:
     """What ``report`` prints to decode with the drafter: the decoder and, for DFlash, the drafter preset."""
-    if _dflash(cfg) is None:
+    if not _is_dflash(cfg):
         return {"model": cfg.model.name, "decoder": "diffusion_draft", "drafter_preset": ""}
     preset = f"model.drafter={cfg.model.drafter.name} "
     return {"model": cfg.model.name, "decoder": "dflash_draft", "drafter_preset": preset}
