@@ -121,6 +121,13 @@ def distill_loss(record: dict) -> str | None:
     return settings.get("distill_loss") or settings.get("method")
 
 
+def line_name(loss: str, decoder: str) -> str:
+    """The name of a distilled drafter's row and Fig. 7 line: its loss, prefixed with the drafter's kind when that
+    is not a standalone diffusion drafter (``dflash:ce_streak``), so both kinds trained with one loss can share a
+    table and a figure."""
+    return loss if decoder == "diffusion_draft" else f"{decoder.removesuffix('_draft')}:{loss}"
+
+
 Curves = dict[str, dict[str, list[tuple[int, dict]]]]
 
 
@@ -128,29 +135,34 @@ def steps_curves(records: list[dict], temperature: float | None = None) -> tuple
     """Fig. 7's lines as ``(temperature, {benchmark: {loss: [(steps, record), ...]}})``, points sorted by steps.
 
     The points are the speculative rows with ``steps`` and a speedup at ``temperature`` (None: the lowest
-    temperature such rows have, which is where stage=evaluate puts the intermediate checkpoints). A row at step 0
-    without a loss is the base drafter: it is the first point of every line of its benchmark. Of several rows of
-    one loss and step count the last wins (a sweep history is in night order)."""
+    temperature such rows have, which is where stage=evaluate puts the intermediate checkpoints). A line is named by
+    ``line_name`` (the loss, ``dflash:<loss>`` for DFlash drafters). A row at step 0 without a loss is a base
+    drafter: it is the first point of every line of its benchmark drawn with the same decoder (the plain base
+    drafter starts the plain lines, ``dflash:base`` the DFlash ones). Of several rows of one line and step count
+    the last wins (a sweep history is in night order)."""
     rows = [r for r in records if r["family"] == "speculative" and r.get("steps") is not None and r.get("speedup")]
     if temperature is None:
         temperature = min((r["temperature"] for r in rows), default=None)
     curves: Curves = {}
     for bench in sorted({r["benchmark"] for r in rows}):
         lines: dict[str, dict[int, dict]] = defaultdict(dict)
-        start = None
+        decoders: dict[str, str] = {}
+        starts: dict[str, dict] = {}
         for r in rows:
             if r["benchmark"] != bench or r["temperature"] != temperature:
                 continue
             loss = distill_loss(r)
             if loss is None and r["steps"] == 0:
-                start = r
+                starts[r["decoder"]] = r
             else:
-                lines[loss or r["method"]][r["steps"]] = r
+                name = line_name(loss, r["decoder"]) if loss else r["method"]
+                lines[name][r["steps"]] = r
+                decoders[name] = r["decoder"]
         if lines:
-            for points in lines.values():
-                if start is not None:
-                    points.setdefault(0, start)
-            curves[bench] = {loss: sorted(lines[loss].items()) for loss in sorted(lines)}
+            for name, points in lines.items():
+                if decoders[name] in starts:
+                    points.setdefault(0, starts[decoders[name]])
+            curves[bench] = {name: sorted(lines[name].items()) for name in sorted(lines)}
     return temperature, curves
 
 
@@ -196,7 +208,8 @@ def _curve_table(records: list[dict]) -> list[str]:
     for bench, loss, points in lines:
         cells = [_speedup_cell(points[s]) if s in points else "" for s in steps]
         out.append(f"| {loss} | {bench} | " + " | ".join(cells) + " |")
-    return [*out, "", "Cells: speedup / mean accepted streak; step 0 is the base drafter, before distillation.", ""]
+    return [*out, "", "Cells: speedup / mean accepted streak; step 0 is the base drafter (dflash:base for the DFlash "
+            "lines), before distillation.", ""]  # fmt: skip
 
 
 def markdown(records: list[dict], meta: dict) -> str:

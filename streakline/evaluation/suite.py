@@ -178,9 +178,10 @@ def training_temperatures(drafter: str | None) -> dict[str, float | None]:
     at), ``data_temperature`` and ``data_top_p`` (how the verifier sampled the trajectories it was trained on) of a
     drafter checkpoint: from the manifest of the ``stage=distill`` run that holds it (``<run>/drafter`` or
     ``<run>/checkpoints/step-*``), and through its ``trajectories`` entry from that stage's manifest. None for what
-    is unknown: the preset's drafter, a folder from elsewhere, a manifest without the value."""
+    is unknown: the preset's drafter, a folder from elsewhere, a manifest without the value, and a run's ``init/``
+    (the weights a DFlash run started from, trained by nobody)."""
     out: dict[str, float | None] = dict.fromkeys(TRAINING_TEMPERATURES)
-    if drafter is None:
+    if drafter is None or Path(drafter).name == "init":
         return out
     folder = Path(drafter)
     found = (

@@ -26,8 +26,9 @@ A DFlash drafter (``model.drafter=micro-dflash``, or a path to a DFlash export; 
 windows, cut ``block_size - 1`` wide with its own mask token (``method.gamma`` may only repeat that width), through
 ``DFlashTrainModule``: the verifier is always built on the training device, since its layer states are the drafter's
 input and its embedding and head the drafter's own. Exports are ``speculators`` DFlash folders (``save_dflash``,
-what ``vllm serve`` reads); ``stage=decode decoder=dflash_draft`` decodes with them. LoRA and on-policy labels are
-refused for it in ``check``.
+what ``vllm serve`` reads); ``stage=decode decoder=dflash_draft`` decodes with them. One built from scratch (a preset
+without a path) also keeps the weights it started from in ``init/``, which ``stage=evaluate`` decodes as the start of
+the DFlash lines of Fig. 7. LoRA and on-policy labels are refused for it in ``check``.
 
     python launch.py stage=distill model=micro model.drafter=micro-dflash method=dflash_ce
 
@@ -150,6 +151,11 @@ class Distill(Stage):
             verifier.eval().requires_grad_(False)
             drafter = build(cfg.model.drafter, "drafter", seed=cfg.seed).share(verifier).train()
             mask_id = drafter.dflash.mask_token_id
+            if locate(cfg.model.drafter, "drafter") is None and strategy.is_main and not (out / "init").is_dir():
+                # Built from scratch, the drafter has no folder of its own: keep the weights it starts from, which
+                # stage=evaluate decodes as the step 0 of the DFlash lines of Fig. 7 ("dflash:base").
+                save_dflash(drafter, out / "init", **_verifier_identity(cfg))
+                stage_run.add_output("init")
         else:
             drafter = build(cfg.model.drafter, "drafter").train()
             mask_id = drafter.config.mask_token_id

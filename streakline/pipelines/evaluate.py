@@ -10,10 +10,11 @@ losslessness checked on every run; ``results.json``, ``results.md`` and the figu
 Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row),
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
 unaligned: step 0 of Fig. 7), every complete ``stage=distill`` run of this experiment (labelled by its method, with
-its training steps), the K x drafter-temperature grid of Fig. 5 on the distilled drafter with the best
-training-time decoder streak (K i.i.d. drafts, ``argmax_chain=False``, as in the paper), each distill run's
-intermediate checkpoints (``checkpoints/step-*``, labelled ``<method>@<steps>``) at the lowest of
-``stage.temperatures`` only, for the Fig. 7 curves, and for the block-diffusion target ``static``
+its training steps; DFlash runs as ``dflash:<method>``, decoded with ``dflash_draft``, and ``dflash:base``, the
+drafter they started from, as the step 0 of their Fig. 7 lines), the K x drafter-temperature grid of Fig. 5 on
+the distilled drafter with the best training-time decoder streak (K i.i.d. drafts, ``argmax_chain=False``, as in
+the paper), each distill run's intermediate checkpoints (``checkpoints/step-*``, labelled ``<method>@<steps>``)
+at the lowest of ``stage.temperatures`` only, for the Fig. 7 curves, and for the block-diffusion target ``static``
 (the reference), ``threshold``, ``spiffy`` and ``spot`` when their stage artifacts exist. The methods run in
 ``evaluation/suite.py`` (``EvalMethod`` rows, in process or on Ray). Output:
 ``<run_root>/<experiment>/evaluate/<hash>/`` with ``results.json``, ``results.md``, ``figures/*.png``; the tables
@@ -34,7 +35,7 @@ from streakline.config import ConfigError
 from streakline.decoding.registry import BLOCK_DRAFTED
 from streakline.evaluation.figures import draw_all
 from streakline.evaluation.methods import EvalMethod
-from streakline.evaluation.results import hardware, versions, write_results
+from streakline.evaluation.results import hardware, line_name, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
 
 from .common.lookup import distill_checkpoints, distill_runs, drafted_decoder, locate_block_artifact, stage_settings
@@ -134,13 +135,16 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
         EvalMethod("base", base, steps=0),  # step 0 of every Fig. 7 line, evaluated once
     ]
     runs = distill_runs(cfg)
-    names = [r["method"] for r in runs]
+    for r in runs:  # a DFlash distill run's exports decode with dflash_draft
+        r["decoder"] = drafted_decoder(cfg, str(Path(r["folder"]) / "drafter"))
+    if base != "dflash_draft":  # the DFlash lines of Fig. 7 start from what their runs started from (a plain base
+        methods += _dflash_bases(runs)  # drafter cannot stand in for them); a DFlash preset's base already does
+    names = [line_name(r["method"], r["decoder"]) for r in runs]  # dflash:<loss> beside a plain drafter's <loss>
     curve_temperature = min(float(T) for T in ev.temperatures)  # Fig. 7's (fig7_speedup_vs_steps picks the same)
     curves = []
-    for r in runs:
-        label = r["method"] if names.count(r["method"]) == 1 else f"{r['method']}@{Path(r['folder']).name}"
-        drafter = str(Path(r["folder"]) / "drafter")
-        decoder = drafted_decoder(cfg, drafter)  # a DFlash distill run's exports decode with dflash_draft
+    for r, name in zip(runs, names, strict=True):
+        label = name if names.count(name) == 1 else f"{name}@{Path(r['folder']).name}"
+        drafter, decoder = str(Path(r["folder"]) / "drafter"), r["decoder"]
         methods.append(EvalMethod(label, decoder, drafter=drafter, steps=r["steps"], distill_loss=r["method"]))
         # the run's intermediate checkpoints: Fig. 7 points at one temperature (the final one is the row above)
         for steps, folder in distill_checkpoints(r):
@@ -175,6 +179,21 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
             if artifacts:
                 methods.append(EvalMethod(name, name, artifact=artifacts))
     return methods
+
+
+def _dflash_bases(runs: list[dict[str, Any]]) -> list[EvalMethod]:
+    """``dflash:base`` (step 0, no loss): the drafter the DFlash runs started from (a from-scratch run's ``init/``,
+    else its warm-start folder), once per distinct start (runs from one preset and seed share one); none when no
+    DFlash run records one."""
+    starts: dict[str, str] = {}
+    for r in runs:
+        if r["decoder"] == "dflash_draft" and r["start"]:
+            starts.setdefault(r["start_key"], r["start"])
+    return [
+        EvalMethod("dflash:base" if len(starts) == 1 else f"dflash:base@{Path(start).parent.name}", "dflash_draft",
+                   drafter=start, steps=0)
+        for start in starts.values()
+    ]  # fmt: skip
 
 
 def _log_wandb(cfg: DictConfig, stage_run: StageRun, records: list[dict], figures: dict[str, Path]) -> None:

@@ -118,6 +118,33 @@ def test_fig7_draws_a_line_per_loss_each_starting_at_the_base_row(tmp_path, monk
     assert fig7_speedup_vs_steps([r for r in recs if r.get("steps") in (None, 0)], tmp_path / "none.png") is None
 
 
+def test_dflash_lines_start_at_the_dflash_base_and_plain_lines_at_the_plain_base(tmp_path, monkeypatch):
+    """One loss trained on both kinds of drafter: two lines (``ce_streak``, ``dflash:ce_streak``), each starting at
+    the step-0 row drawn with its own decoder; a DFlash line without a dflash:base row has no step 0."""
+    recs = _records()
+    recs += [_rec("ce_streak", "diffusion_draft", tps=150.0, steps=200, settings={"distill_loss": "ce_streak"}),
+             _rec("dflash:base", "dflash_draft", tps=40.0, steps=0, settings={"distill_loss": None}),
+             _rec("dflash:ce_streak@100", "dflash_draft", tps=110.0, steps=100,
+                  settings={"distill_loss": "ce_streak", "curve": True}),
+             _rec("dflash:ce_streak", "dflash_draft", tps=160.0, steps=200,
+                  settings={"distill_loss": "ce_streak"})]  # fmt: skip
+    recs = finalize(recs)
+    _, curves = steps_curves(recs)
+    lines = {name: [(s, r["method"]) for s, r in pts] for name, pts in curves["tiny-math"].items()}
+    assert lines["ce_streak"] == [(0, "base"), (200, "ce_streak")]
+    assert lines["dflash:ce_streak"] == [(0, "dflash:base"), (100, "dflash:ce_streak@100"), (200, "dflash:ce_streak")]
+    assert lines["streak"][0] == (0, "base")
+    kept = _drawn(monkeypatch)
+    fig7_speedup_vs_steps(recs, tmp_path / "fig7.png")
+    drawn = {ln.get_label(): list(ln.get_ydata()) for ln in kept[0].axes[0].get_lines()}
+    assert drawn["dflash:ce_streak"] == pytest.approx([0.4, 1.1, 1.6])  # tokens/s over vanilla's 100
+    md = markdown(recs, {"experiment": "x"})
+    assert "| dflash:ce_streak | tiny-math | 0.40x / 0.00 | 1.10x / 0.00 | 1.60x / 0.00 |" in md
+    # without the DFlash start, the DFlash line has no step 0 (the plain base drafter is not where it started)
+    _, curves = steps_curves([r for r in recs if r["method"] != "dflash:base"])
+    assert [s for s, _ in curves["tiny-math"]["dflash:ce_streak"]] == [100, 200]
+
+
 def test_markdown_has_the_fig7_points_and_the_training_temperatures():
     recs = _records()
     for r in recs:
@@ -148,6 +175,7 @@ def test_training_temperatures_follow_the_drafter_to_its_runs(tmp_path):
     unknown = dict.fromkeys(want)
     assert training_temperatures(None) == unknown  # the preset's drafter
     assert training_temperatures(str(tmp_path / "elsewhere" / "drafter")) == unknown
+    assert training_temperatures(str(run.dir / "init")) == unknown  # what a DFlash run started from: untrained
     shutil.rmtree(traj.dir)  # trajectories gone: the drafter's own temperature is still known
     assert training_temperatures(str(run.dir / "drafter")) == {**unknown, "train_drafter_temperature": 1.5}
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
+from streakline.models import build
 from streakline.models.dflash import DFlashModel
 from streakline.models.dflash_checkpoint import load_dflash
 from streakline.pipelines import run_stage
@@ -88,6 +90,14 @@ def test_dflash_ce_exports_a_speculators_drafter_that_decodes_like_the_verifier(
     assert isinstance(drafter, DFlashModel) and drafter.dflash.target_layer_ids == (1, 2)
     for (name, a), (_, b) in zip(drafter.state_dict().items(), last.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+    # built from scratch, the run kept the weights it started from (dflash:base in stage=evaluate): the preset's
+    # seeded initialisation, which training then moved
+    cfg = attach_world(_cfg(world, "distill", DFLASH, "method=dflash_ce"), False)
+    init, seeded = load_dflash(run / "init"), build(cfg.model.drafter, "drafter", seed=cfg.seed)
+    assert "init" in read_manifest(run).outputs
+    for (name, a), (_, b) in zip(init.state_dict().items(), seeded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert not torch.equal(init.state_dict()["fc.weight"], drafter.state_dict()["fc.weight"])
     for prompt in (f"prompt={PROMPT}", "prompt_ids=[5,6,7]"):
         vanilla = _decode(world, "decoder=vanilla", prompt)
         drafted = _decode(world, DFLASH, "decoder=dflash_draft", f"model.drafter.path={folder}", prompt)
@@ -111,8 +121,18 @@ def test_other_losses_train_dflash_drafters_and_evaluate_runs_them(world, dflash
     # stage=evaluate discovers DFlash runs as dflash_draft rows and runs one against vanilla, losslessly
     from streakline.pipelines.evaluate import discover
 
-    rows = {m.drafter: m.decoder for m in discover(attach_world(_cfg(world, "evaluate"), False)) if m.drafter}
+    found = discover(attach_world(_cfg(world, "evaluate"), False))
+    rows = {m.drafter: m.decoder for m in found if m.drafter}
     assert rows[str(dflash_run.artifact)] == rows[str(res.artifact)] == "dflash_draft"
+    # named dflash:<loss>; the DFlash lines of Fig. 7 start at dflash:base, the weights both runs started from
+    named = {m.name: m for m in found if not m.curve}
+    assert named["dflash:dflash_ce"].drafter == str(dflash_run.artifact)
+    ce_streak = named["dflash:ce_streak"]
+    assert (ce_streak.drafter, ce_streak.distill_loss) == (str(res.artifact), "ce_streak")
+    start = named["dflash:base"]
+    assert (start.decoder, start.steps, start.distill_loss) == ("dflash_draft", 0, None)
+    assert start.drafter in (str(dflash_run.folder / "init"), str(res.folder / "init"))
+    assert [m.name for m in found].count("dflash:base") == 1  # one seeded start: one row
     base = discover(attach_world(_cfg(world, "evaluate", DFLASH), False))
     assert {m.name: m.decoder for m in base}["base"] == "dflash_draft" and "ar_draft" not in {m.name for m in base}
     method = f"{{name: dflash, decoder: dflash_draft, drafter: '{dflash_run.artifact}'}}"

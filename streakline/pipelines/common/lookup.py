@@ -19,6 +19,7 @@ newest first: a consumer does not repeat the producer's settings, and ``decoder.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -208,8 +209,12 @@ def locate_block_artifact(cfg: DictConfig, decoder: str, temperature: float | No
 
 # --------------------------------------------------------------------------------------------- distill
 def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
-    """Complete ``stage=distill`` runs of this experiment: ``{"folder", "method", "steps", "decoder_streak"}``,
-    oldest first. A run's intermediate checkpoints are listed by :func:`distill_checkpoints`."""
+    """Complete ``stage=distill`` runs of this experiment: ``{"folder", "method", "steps", "decoder_streak",
+    "start", "start_key"}``, oldest first. ``start`` is the drafter folder the run started from: its ``init/`` for a
+    DFlash drafter built from scratch, else the drafter's path or hub id from the run key (None when it has none);
+    ``start_key`` is equal for runs that started from the same weights (the same folder, or the same from-scratch
+    preset and seed, whose seeded initialisations are equal). A run's intermediate checkpoints are listed by
+    :func:`distill_checkpoints`."""
     runs = []
     for folder, m in complete_runs(cfg.run_root, cfg.experiment.name, "distill"):
         if not (folder / "drafter").is_dir():
@@ -221,10 +226,21 @@ def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
                 "method": m.config.get("method", {}).get("name", "distilled"),
                 "steps": m.metrics.get("steps"),
                 "decoder_streak": sum(streaks) / len(streaks) if streaks else None,
+                **_start(folder, m.config),
                 "finished_at": m.finished_at,
             }
         )
     return sorted(runs, key=lambda r: r["finished_at"])
+
+
+def _start(folder: Path, key: dict[str, Any]) -> dict[str, str | None]:
+    """``start`` and ``start_key`` of a distill run (:func:`distill_runs`) from its folder and run key."""
+    drafter = key.get("drafter")
+    if (folder / "init").is_dir():
+        return {"start": str(folder / "init"), "start_key": json.dumps([drafter, key.get("seed")], sort_keys=True)}
+    if isinstance(drafter, dict):  # a DFlash drafter warm-started from a folder: {"kind": "dflash", "weights": ...}
+        drafter = drafter.get("weights")
+    return {"start": drafter, "start_key": drafter} if isinstance(drafter, str) else {"start": None, "start_key": None}
 
 
 def drafted_decoder(cfg: DictConfig, drafter: str | None = None) -> str:
