@@ -1,6 +1,7 @@
 """The papers' figures, drawn from evaluation records (``results.json``) with matplotlib (PNG, no display needed).
 
 - ``fig2_acceptance``: per-position acceptance alpha_j vs draft position j, one line per drafter (Fig. 2).
+  DFlash drafters' lines are dashed with square markers here and in Fig. 7.
 - ``fig5_speedup_vs_k``: speedup vs K at several drafter temperatures (Fig. 5), from the K x tau grid rows; the
   title notes whether the drafts were i.i.d. or argmax-first (``settings.argmax_chain``).
 - ``fig7_speedup_vs_steps``: speedup and tokens per verifier call vs distillation steps, one line per
@@ -39,6 +40,12 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
+def _style(decoder: str) -> dict:
+    """Line style by drafter kind: DFlash drafters (``dflash_draft``) dashed with squares, the rest solid with dots,
+    so the two kinds read apart in one figure whatever their colours."""
+    return {"marker": "s", "linestyle": "--"} if decoder == "dflash_draft" else {"marker": "o", "linestyle": "-"}
+
+
 def _benchmarks(records: list[dict]) -> list[str]:
     return sorted({r["benchmark"] for r in records})
 
@@ -62,7 +69,7 @@ def fig2_acceptance(records: list[dict], path: str | Path, temperature: float = 
         for r in (r for r in rows if r["benchmark"] == bench):
             alpha = [a for a in r["alpha"] if a is not None]
             if alpha:
-                ax.plot(range(1, len(alpha) + 1), alpha, marker="o", label=r["method"])
+                ax.plot(range(1, len(alpha) + 1), alpha, label=r["method"], **_style(r["decoder"]))
         ax.set(title=f"{bench}, T={temperature:g}", xlabel="draft position j", ylabel="acceptance rate alpha_j")
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
@@ -134,7 +141,7 @@ def fig7_speedup_vs_steps(records: list[dict], path: str | Path, temperature: fl
         ):
             ax = axes[row][col]
             for name, pts in curves[bench].items():
-                ax.plot([s for s, _ in pts], [r[key] for _, r in pts], marker="o", label=name)
+                ax.plot([s for s, _ in pts], [r[key] for _, r in pts], label=name, **_style(pts[-1][1]["decoder"]))
             if ar:
                 ax.axhline(ar[-1][key], color="black", ls="--", lw=1, label="AR drafter")
             ax.set(xlabel="distillation steps (0: the base drafter)", ylabel=label)

@@ -136,8 +136,9 @@ def test_dflash_lines_start_at_the_dflash_base_and_plain_lines_at_the_plain_base
     assert lines["streak"][0] == (0, "base")
     kept = _drawn(monkeypatch)
     fig7_speedup_vs_steps(recs, tmp_path / "fig7.png")
-    drawn = {ln.get_label(): list(ln.get_ydata()) for ln in kept[0].axes[0].get_lines()}
-    assert drawn["dflash:ce_streak"] == pytest.approx([0.4, 1.1, 1.6])  # tokens/s over vanilla's 100
+    drawn = {ln.get_label(): ln for ln in kept[0].axes[0].get_lines()}
+    assert list(drawn["dflash:ce_streak"].get_ydata()) == pytest.approx([0.4, 1.1, 1.6])  # tokens/s over vanilla's
+    assert (drawn["dflash:ce_streak"].get_linestyle(), drawn["ce_streak"].get_linestyle()) == ("--", "-")  # kinds
     md = markdown(recs, {"experiment": "x"})
     assert "| dflash:ce_streak | tiny-math | 0.40x / 0.00 | 1.10x / 0.00 | 1.60x / 0.00 |" in md
     # without the DFlash start, the DFlash line has no step 0 (the plain base drafter is not where it started)

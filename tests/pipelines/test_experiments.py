@@ -10,7 +10,7 @@ import pytest
 
 from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
-from streakline.evaluation.results import steps_curves
+from streakline.evaluation.results import line_name, steps_curves
 from streakline.pipelines import run_stage
 from streakline.pipelines.common.lookup import stage_overrides
 from streakline.pipelines.evaluate import discover
@@ -103,11 +103,15 @@ def test_shipped_experiment_runs_end_to_end(micro_world, experiment):
         evaluation = attach_world(compose_config(stage_overrides(cfg, "evaluate")[1]))
         expected = {m.name for m in discover(evaluation)}
         assert expected <= {r["method"] for r in records}
-        # Fig. 7: every distilled loss has its checkpoints and the base drafter at step 0, and the figure is drawn.
+        # Fig. 7: every distilled loss has its checkpoints and the base drafter at step 0, and the figure is drawn;
+        # a DFlash drafter's line (dflash:<loss>) starts at dflash:base, what its run started from.
         _, curves = steps_curves(records)
-        losses = {r["settings"]["distill_loss"] for r in records if r["settings"].get("distill_loss")}
+        losses = {line_name(r["settings"]["distill_loss"], r["decoder"])
+                  for r in records if r["settings"].get("distill_loss")}  # fmt: skip
         for loss in losses:
             assert [s for s, _ in curves["tiny-math"][loss]] == [0, 2, 4], loss
+            start = "dflash:base" if loss.startswith("dflash:") else "base"
+            assert curves["tiny-math"][loss][0][1]["method"] == start, loss
         if losses:
             assert "fig7_speedup_vs_steps.png" in report.details["figures"]
     if "sweep" in names:
