@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The prepared GPU check: one command, run as is from the repository root on a machine with one CUDA GPU
-# (meant to take under 6 minutes on an H200), that checks what this project can only check on a GPU (docs/gpu.md):
+# (meant to take under 7 minutes on an H200), that checks what this project can only check on a GPU (docs/gpu.md):
 #
 #   setup           installs the packages the parts import and the machine lacks, from a carried wheel folder
 #                   (./wheels or $WHEELS, built by bench/gpu_wheels.sh), then builds the micro world
@@ -13,6 +13,8 @@
 #   distill_zero2   stage=distill on the micro world under DeepSpeed ZeRO-2, bf16, NCCL, one rank, 4 steps
 #   distill_zero3   the same under ZeRO-3
 #   decode          stage=decode on the micro world, vanilla and diffusion_draft; their tokens must be equal (T=0)
+#   dflash          a DFlash drafter (micro-dflash) trained with dflash_ce under ZeRO-2 in bf16, then decoded with
+#                   dflash_draft: its tokens must be vanilla's (T=0)
 #
 #     bash bench/gpu.sh                           # logs in runs/gpu_check/<part>.log, a summary at the end
 #     OUT=/tmp/check PYTHON=python3 bash bench/gpu.sh
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-PARTS=(setup kernel_tests bench_kernels gpu_decode distill_zero2 distill_zero3 decode)
+PARTS=(setup kernel_tests bench_kernels gpu_decode distill_zero2 distill_zero3 decode dflash)
 for p in "${PARTS[@]}"; do rm -f "$OUT/$p.log"; done  # a part that fails early must not leave an old log standing
 rm -f "$OUT/gpu_decode.json"
 WHEELS=${WHEELS:-wheels}
@@ -153,14 +155,13 @@ EOF
         "$PY" launch.py stage=trajectories "${WORLD[@]}"
 }
 
-decode() {
+like_vanilla() {  # like_vanilla <decode overrides...>: stage=decode with them gives vanilla's greedy tokens
     local v d rc=0
     v=$("$PY" launch.py stage=decode "${WORLD[@]}" decoder=vanilla 'prompt_ids=[5,6,7]' decoder.max_new_tokens=16) ||
         rc=1
     printf 'vanilla:\n%s\n' "$v"
-    d=$("$PY" launch.py stage=decode "${WORLD[@]}" decoder=diffusion_draft 'prompt_ids=[5,6,7]' \
-        decoder.max_new_tokens=16) || rc=1
-    printf 'diffusion_draft:\n%s\n' "$d"
+    d=$("$PY" launch.py stage=decode "${WORLD[@]}" "$@" 'prompt_ids=[5,6,7]' decoder.max_new_tokens=16) || rc=1
+    printf '%s:\n%s\n' "$*" "$d"
     [ $rc = 0 ] || return 1
     # The last line of each is its JSON metrics line; at temperature 0 every decoder gives the verifier's tokens.
     "$PY" -c 'import json, sys
@@ -168,7 +169,23 @@ a, b = (json.loads(s.strip().splitlines()[-1])["token_ids"] for s in sys.argv[1:
 print("tokens equal:", a == b)
 sys.exit(a != b)' "$v" "$d"
 }
-export -f missing_packages setup decode
+
+decode() {
+    like_vanilla decoder=diffusion_draft
+}
+
+dflash() {  # a DFlash drafter (micro-dflash): trained under ZeRO-2 in the trainer's precision, then decoded losslessly
+    local out folder
+    out=$("$PY" launch.py stage=distill "${WORLD[@]}" "${TRAIN[@]}" model.drafter=micro-dflash method=dflash_ce \
+        trainer=zero2 ${PRECISION[@]+"${PRECISION[@]}"} 2>&1)
+    local rc=$?
+    echo "$out"
+    [ $rc = 0 ] || return 1
+    folder=$(echo "$out" | sed -n 's/^distill: drafter in //p' | tail -n 1)
+    [ -n "$folder" ] || { echo "no drafter folder in the distill output"; return 1; }
+    like_vanilla model.drafter=micro-dflash decoder=dflash_draft "model.drafter.path=$folder"
+}
+export -f missing_packages setup like_vanilla decode dflash
 
 t_all=$SECONDS
 where=$("$PY" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "")' 2>&1)
@@ -188,6 +205,7 @@ part gpu_decode 200 "$PY" bench/gpu_decode.py "${DECODE_BENCH[@]}" ${GPU_DECODE_
 part distill_zero2 90 "$PY" launch.py stage=distill "${WORLD[@]}" "${TRAIN[@]}" trainer=zero2 ${PRECISION[@]+"${PRECISION[@]}"}
 part distill_zero3 90 "$PY" launch.py stage=distill "${WORLD[@]}" "${TRAIN[@]}" trainer=zero3 ${PRECISION[@]+"${PRECISION[@]}"}
 part decode 90 bash -c "$(declare -p WORLD); decode"
+part dflash 120 bash -c "$(declare -p WORLD TRAIN PRECISION); dflash"
 
 echo
 echo "summary ($((SECONDS - t_all)) s; logs in $OUT)"
