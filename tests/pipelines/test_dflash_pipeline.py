@@ -7,6 +7,8 @@ with the fix, before any folder is made.
 """
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from streakline.models.dflash_checkpoint import load_dflash
 from streakline.pipelines import run_stage
 from streakline.world import attach_world
 
+ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENT = "dflash"
 DFLASH = "model.drafter=micro-dflash"  # the role-swap shorthand for checkpoint@model.drafter=micro-dflash
 PROMPT = "Sam has 3 apples."
@@ -142,6 +145,29 @@ def test_other_losses_train_dflash_drafters_and_evaluate_runs_them(world, dflash
     )  # fmt: skip
     records = {r["method"]: r for r in result.details["records"]}
     assert records["dflash"]["lossless"] and records["dflash"]["settings"]["gamma"] == 4
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
+    """DFlash training under DeepSpeed ZeRO-2 / ZeRO-3 on two gloo ranks (each with its own frozen verifier) gives the
+    single process's drafter: rank r reads micro-batch 2s + r, so the ranks see its batches split in halves."""
+    steps = ["method=dflash_ce", "trainer.max_steps=4", "trainer.save_every=4", "trainer.eval_every=4",
+             "trainer.warmup_steps=1", "trainer.eval_prompts=0"]  # fmt: skip
+    single = run_stage(_cfg(world, "distill", DFLASH, *steps, "trainer.micro_batch_size=2"))
+    ranks = [DFLASH, *steps, f"trainer=zero{stage}", "trainer.precision=fp32", "trainer.micro_batch_size=1"]
+    overrides = ["model=micro", f"run_root={world}", f"experiment.name={EXPERIMENT}", *DATA, *TRAIN, *ranks]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "launch.py",
+         "stage=distill", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = run_stage(_cfg(world, "distill", *ranks))  # finds the 2-rank run complete: nothing retrained
+    assert two.cached and two.folder != single.folder
+    a, b = load_dflash(single.artifact).state_dict(), load_dflash(two.artifact).state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=5e-3)
 
 
 @pytest.mark.parametrize(
