@@ -24,6 +24,7 @@ DFlash papers' decayed cross-entropy), and adds the ratios of streak-trained ove
     python bench/distill_methods.py --seeds 0 1 2 --steps 150 --json distill_methods.json   # ~50 min, 2 cores
     python bench/distill_methods.py --steps 100 --prompts 8 --methods streak distillspec-tvd
     python bench/distill_methods.py --drafter tiny-dflash --steps 400 --methods dflash_ce ce_streak streak
+    python bench/distill_methods.py --drafter tiny-dflash-1l --steps 800 --seeds 0 1 2 --methods ce_streak dflash_ce
 """
 
 from __future__ import annotations

@@ -50,7 +50,12 @@ def test_every_group_option_composes_and_validates(group, option):
 
 # A DFlash drafter (kind: dflash) only drafts, and only for the verifier whose shapes it shares: it composes into the
 # drafter role beside that verifier.
-DFLASH_VERIFIER = {"micro-dflash": "micro-verifier", "tiny-dflash": "tiny-verifier", "qwen3-8b-dflash": "qwen3-8b"}
+DFLASH_VERIFIER = {
+    "micro-dflash": "micro-verifier",
+    "tiny-dflash": "tiny-verifier",
+    "tiny-dflash-1l": "tiny-verifier",
+    "qwen3-8b-dflash": "qwen3-8b",
+}
 # Each other checkpoint preset once, the roles taken in turn (a compose costs ~0.2 s; every pairing adds nothing).
 _PLAIN = [p for p in group_options(CONF_DIR, "checkpoint") if p not in DFLASH_VERIFIER]
 _CHECKPOINT_CASES = [(ROLES[i % len(ROLES)], p) for i, p in enumerate(_PLAIN)]
