@@ -142,6 +142,11 @@ class Distill(Stage):
         stored_teacher = method.loss in TEACHER_LOSSES and method.teacher == "stored"
         dataset = _trajectories(cfg, tokenizer, stored_teacher)
 
+        # Exports are drop-in copies of the drafter's own checkpoint folder with the weights replaced (its config.json,
+        # dtype, shard layout, tokenizer and remote-code files kept), so transformers loads them like the original;
+        # a from-scratch drafter (no folder) is written by save_pretrained.
+        source = locate(cfg.model.drafter, "drafter")
+        verifier_identity = _verifier_identity(cfg) if dflash else {}
         verifier = None
         if dflash:  # the verifier's layer states are its input, its embedding and head its own (shared, frozen)
             # in the dtype DeepSpeed trains the drafter in: the drafter embeds its blocks with the verifier's
@@ -151,10 +156,10 @@ class Distill(Stage):
             verifier.eval().requires_grad_(False)
             drafter = build(cfg.model.drafter, "drafter", seed=cfg.seed).share(verifier).train()
             mask_id = drafter.dflash.mask_token_id
-            if locate(cfg.model.drafter, "drafter") is None and strategy.is_main and not (out / "init").is_dir():
+            if source is None and strategy.is_main and not (out / "init").is_dir():
                 # Built from scratch, the drafter has no folder of its own: keep the weights it starts from, which
                 # stage=evaluate decodes as the step 0 of the DFlash lines of Fig. 7 ("dflash:base").
-                save_dflash(drafter, out / "init", **_verifier_identity(cfg))
+                save_dflash(drafter, out / "init", **verifier_identity)
                 stage_run.add_output("init")
         else:
             drafter = build(cfg.model.drafter, "drafter").train()
@@ -192,11 +197,6 @@ class Distill(Stage):
         tracker = _tracker(cfg, stage_run, enabled=strategy.is_main)
         evaluator = _evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier) if strategy.is_main else None
 
-        # Exports are drop-in copies of the drafter's own checkpoint folder with the weights replaced (its config.json,
-        # dtype, shard layout, tokenizer and remote-code files kept), so transformers loads them like the original;
-        # a from-scratch drafter (no folder) is written by save_pretrained.
-        source = locate(cfg.model.drafter, "drafter")
-        verifier_identity = _verifier_identity(cfg) if dflash else {}
         method_record = OmegaConf.to_container(cfg.method, resolve=True)
 
         def export(step: int, state: dict[str, torch.Tensor]) -> Path:

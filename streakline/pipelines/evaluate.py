@@ -154,12 +154,14 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
                                distill_loss=r["method"], temperature=curve_temperature, curve=True)
                 )  # fmt: skip
     scored = [r for r in runs if r["decoder_streak"] is not None]
-    grid_drafter = str(Path(max(scored, key=lambda r: r["decoder_streak"])["folder"]) / "drafter") if scored else None
+    best = max(scored, key=lambda r: r["decoder_streak"]) if scored else None
+    grid_drafter = str(Path(best["folder"]) / "drafter") if best else None
+    grid_decoder = best["decoder"] if best else base  # the preset's drafter when no run is scored
     for K in ev.k_grid:  # the paper's drafts: K i.i.d. samples at the drafter temperature (no argmax chain)
         for tau in ev.drafter_temperature_grid:
             methods.append(
                 EvalMethod(
-                    f"grid K={K} tau={tau:g}", drafted_decoder(cfg, grid_drafter), drafter=grid_drafter, K=K,
+                    f"grid K={K} tau={tau:g}", grid_decoder, drafter=grid_drafter, K=K,
                     drafter_temperature=tau,
                     argmax_chain=False, grid=True,
                 )
