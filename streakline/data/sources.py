@@ -3,7 +3,8 @@
 A source (an entry of ``data.prompt_sources``, ``stage.benchmarks``, ``stage.prompt_sources``, ``trainer.eval_sources``)
 is one of:
 
-    tiny-math, humaneval, gsm8k@/data/gsm8k.jsonl      a benchmark (benchmarks.py), from a file after '@' if given
+    tiny-math, tiny-chat, humaneval, gsm8k@/x.jsonl    a benchmark (benchmarks.py: built in, or a real one from the file
+                                                       after '@', an installed package, or the local HF cache)
     ultrachat, sharegpt@/data/sharegpt.json            a conversation preset (conversations.PRESETS)
     conversations@/data/chats.jsonl                    any chat file or cached datasets repo, layout detected
     conversations@HuggingFaceH4/ultrachat_200k         (columns renamed through ``data.fields``)
