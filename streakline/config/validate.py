@@ -157,7 +157,9 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
     _at_least(cfg, f"{key}.block_size", 1, optional=True)
     if node.attention == "block_causal" and node.block_size is None:
         raise ConfigError(f"{key}.block_size is null but {key}.attention is block_causal{preset}; set {key}.block_size")
-    if node.path is None and node.hub_id is None and node.arch is None:
+    if node.get("source") is not None:
+        _source(cfg, key)
+    elif node.path is None and node.hub_id is None and node.arch is None:
         raise ConfigError(
             f"{key}{preset} has no weights: set {key}.path (a local folder) or {key}.hub_id, "
             "or pick a tiny preset, which carries an arch"
@@ -167,6 +169,24 @@ def _checkpoint(cfg: DictConfig, key: str) -> None:
     if node.arch is not None:
         _arch(cfg, f"{key}.arch")
     _choice(cfg, f"{key}.kind", CHECKPOINT_KINDS, context=preset)
+
+
+def _source(cfg: DictConfig, key: str) -> None:
+    """An imported preset names one origin: a file in a package, or another role to cut layers from."""
+    source = _get(cfg, f"{key}.source")
+    _at_least(cfg, f"{key}.source.layers", 1, optional=True)
+    from_file = source.package is not None or source.file is not None
+    if from_file == (source.from_role is not None):
+        raise ConfigError(
+            f"{key}.source names {'both' if from_file else 'neither'} a file (package + file) "
+            f"{'and' if from_file else 'nor'} a role to cut from (from_role); give exactly one"
+        )
+    if from_file and (source.package is None or source.file is None):
+        raise ConfigError(f"{key}.source needs both package and file (the GGUF file's name inside that package)")
+    if source.from_role is not None:
+        _choice(cfg, f"{key}.source.from_role", ROLES)
+        if f"model.{source.from_role}" == key:
+            raise ConfigError(f"{key}.source.from_role={source.from_role} names the role itself; name another role")
 
 
 def _dflash(cfg: DictConfig) -> None:

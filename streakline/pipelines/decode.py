@@ -7,8 +7,11 @@
     python launch.py stage=decode model=tiny model.drafter=tiny-dflash decoder=dflash_draft \
         model.drafter.path=runs/default/distill/<hash>/drafter prompt="Sam has 3 apples."   # a DFlash drafter
 
-The tiny world is built first if it is not cached (the runner attaches it). Decoders that read a stage artifact
-(``spot``, ``spiffy``) find it with ``common.lookup`` unless ``decoder.artifact`` names one. The last line printed is
+A verifier whose tokenizer has a chat template (``model=smol``, instruct checkpoints) gets ``prompt=`` as one user
+turn through it, as ``stage=evaluate`` renders prompts; ``data.chat_template=false`` sends the text as typed.
+``prompt_ids`` are always sent as given. The tiny world is built first if it is not cached (the runner attaches it).
+Decoders that read a stage artifact (``spot``, ``spiffy``) find it with ``common.lookup`` unless ``decoder.artifact``
+names one. The last line printed is
 a JSON object with ``token_ids`` (the generated ids), ``text`` and the metrics (``tokens_per_verifier_call``,
 ``nfe``, ``tokens_per_s``, ``alpha``, ...; docs/decoding.md defines them), so scripts can read it with ``tail -n 1``.
 """
@@ -21,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from streakline.config import ConfigError
+from streakline.data.conversations import render_prompt
 from streakline.decoding.acceptance import get_rule
 from streakline.decoding.block_diffusion import decode_blocks
 from streakline.decoding.registry import BLOCK, BLOCK_DRAFTED, block_decode_config, block_drafter, speculative_setup
@@ -29,7 +33,7 @@ from streakline.decoding.vanilla import left_pad
 from streakline.models import build
 
 from .common.lookup import locate_block_artifact
-from .common.prompts import encode, unescape
+from .common.prompts import encode, template_applied, unescape
 from .common.roles import bridge_tokenizers, device, role_eos, role_tokenizer
 from .runner import Stage, StageResult
 
@@ -55,6 +59,9 @@ class Decode(Stage):
         main_role = "target" if block else "verifier"
         tokenizer = role_tokenizer(cfg, main_role)
         text_prompt = None if cfg.prompt is None else unescape(cfg.prompt)
+        if text_prompt is not None and template_applied(tokenizer, cfg.data.chat_template):
+            # an instruction-tuned verifier (model=smol) answers a user turn, as evaluate renders its prompts
+            text_prompt = render_prompt([{"role": "user", "content": text_prompt}], tokenizer)
         prompt = list(cfg.prompt_ids) if cfg.prompt_ids is not None else encode(tokenizer, text_prompt)
         main = build(cfg.model[main_role], main_role, device=where, inference=True)
         if max(prompt) >= main.config.vocab_size:

