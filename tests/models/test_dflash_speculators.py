@@ -2,16 +2,9 @@
 ``DFlashDraftModel`` loads our export and drafts the same logits as ``DFlashModel``, and a checkpoint it writes loads
 into ``load_dflash`` with the same logits.
 
-``speculators`` is installed from PyPI on first use (``pip install --no-deps --target``) into
-``~/.cache/streakline/speculators-<version>`` (``$XDG_CACHE_HOME`` is honoured) and reused afterwards; nothing goes
-into the project's environment. Without access to the package index the tests are skipped, any other install
-failure fails them. ``speculators`` runs in a subprocess (this interpreter, its folder first on ``PYTHONPATH``) so
-none of its imports or registrations reach this process.
-
-Only the few packages its import and ``from_pretrained`` need beyond this project's environment are installed
-(``EXTRA_REQUIREMENTS``), not its full ``install_requires`` (torchvision, torchaudio, datasets, ... are never
-imported on this path). ``speculators`` 0.9.0 pins ``transformers<=5.19`` and ``torch<=2.14.1``; the environment's
-own ``torch``/``transformers`` are used, so a release of either that breaks ``speculators`` shows up here first.
+``speculators`` comes from ``tests/speculators_env.py``: installed from PyPI on first use into a cache folder, never
+into the project's environment (the tests are skipped without access to the package index), and run in a subprocess
+so none of its imports or registrations reach this process.
 
 Measured on 2 shared CPU cores: the install about 4 s (3 MB downloaded, 33 MB on disk), then about 10 s for both
 tests (one speculators process for both directions, mostly its imports).
@@ -20,10 +13,6 @@ tests (one speculators process for both directions, mostly its imports).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,30 +21,10 @@ from safetensors.torch import load_file, save_file
 
 from streakline.models import Transformer, TransformerConfig, save_pretrained
 from streakline.models.dflash import DFlashConfig, DFlashModel, block_inputs, packed_blocks
-from streakline.models.dflash_checkpoint import SPECULATORS_VERSION, load_dflash, save_dflash
+from streakline.models.dflash_checkpoint import load_dflash, save_dflash
+from tests.speculators_env import run_under_speculators, speculators_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
-
-# What importing speculators.models.dflash and DFlashDraftModel.from_pretrained need that this project's environment
-# lacks (found by importing it with only these beside it): its data/training modules, imported by the package's
-# __init__, import openai and hs_connectors; its weight loader imports loguru. hs-connectors is pinned exactly by
-# speculators 0.9.0; the other two are the versions this test was written against.
-REQUIREMENTS = (f"speculators=={SPECULATORS_VERSION}", "hs-connectors==0.9.0", "openai==3.57.0", "loguru==0.7.3")
-EXTRA_REQUIREMENTS = REQUIREMENTS[1:]
-MARKER = ".streakline-complete"  # written last: its presence (with these requirements) means the install is whole
-
-# pip's messages when the package index cannot be reached (no network, no proxy, DNS failure)
-_OFFLINE_SIGNS = (
-    "NewConnectionError",
-    "Failed to establish a new connection",
-    "Temporary failure in name resolution",
-    "Name or service not known",
-    "Network is unreachable",
-    "ProxyError",
-    "ConnectTimeoutError",
-    "ReadTimeoutError",
-    "No route to host",
-)
 
 V, H = 97, 32
 TARGET_LAYERS = 4
@@ -66,50 +35,10 @@ SEQ = 20
 ANCHORS = (0, 5, 11)  # < SEQ - BLOCK: speculators draws anchors only there; 0 = a block without context
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streakline"
-
-
-def _install(target: Path) -> None:
-    """``pip install --no-deps --target`` of REQUIREMENTS into ``target`` (absent), atomically: a temporary folder
-    beside it, the marker last, then renamed into place. Skips the test when the index cannot be reached."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
-           "--timeout", "30", "--retries", "1", "--target", str(tmp), *REQUIREMENTS]  # fmt: skip
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            output = done.stdout + done.stderr
-            if any(sign in output for sign in _OFFLINE_SIGNS):
-                pytest.skip(
-                    f"cannot reach the package index to install speculators=={SPECULATORS_VERSION} (no network?)"
-                )
-            pytest.fail(f"installing {' '.join(REQUIREMENTS)} failed (pip exit {done.returncode}):\n{output[-4000:]}")
-        (tmp / MARKER).write_text("\n".join(REQUIREMENTS) + "\n")
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process installed it meanwhile: use theirs if it is whole
-            if not _complete(target):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _complete(folder: Path) -> bool:
-    marker = folder / MARKER
-    return marker.is_file() and marker.read_text().split() == list(REQUIREMENTS)
-
-
 @pytest.fixture(scope="module")
 def speculators_path() -> Path:
     """A folder holding speculators (and the extras its import needs), installed from PyPI once and reused."""
-    target = _cache_root() / f"speculators-{SPECULATORS_VERSION}"
-    if not _complete(target):
-        shutil.rmtree(target, ignore_errors=True)  # a partial or outdated install
-        _install(target)
-    return target
+    return speculators_folder()
 
 
 # The script run under speculators (its own process). It reads a job file (JSON) and:
@@ -286,13 +215,7 @@ def speculators_run(speculators_path, tmp_path_factory):
     ]  # fmt: skip
     (root / "jobs.json").write_text(json.dumps(jobs))
     (root / "driver.py").write_text(DRIVER)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(speculators_path), env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        [sys.executable, str(root / "driver.py"), str(root / "jobs.json")],
-        capture_output=True, text=True, env=env, cwd=root, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"the speculators driver failed:\n{(done.stdout + done.stderr)[-6000:]}"
+    run_under_speculators(speculators_path, root / "driver.py", str(root / "jobs.json"), cwd=root)
     return {
         "root": root,
         "verifier": verifier,
