@@ -76,9 +76,10 @@ class LossSettings:
     inclusive: bool = False  # ce_streak: weight slot m by the streak through m instead of m-1
     divergence: str = "fkl"  # distillspec / ar_distill: one of DIVERGENCES
     beta: float = 0.5  # jsd mixing weight
-    # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma). 7.0 is the DFlash papers' value for block size 16 (they
-    # use 5 for 10 and 4 for 8). Not called gamma: method.gamma is the window width everywhere else.
-    decay_gamma: float = 7.0
+    # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma); None: the DFlash paper's value for the block size that G
+    # slots make, G + 1 (dflash_decay_gamma). Not called gamma: method.gamma is the window width everywhere else.
+    decay_gamma: float | None = None
+    dpace_alpha: float = 0.5  # dpace: the confidence smoothing s = (1 - alpha) q + alpha
     chunk: int = DEFAULT_CHUNK  # vocabulary rows per chunk of the log-softmax
 
     @classmethod
@@ -91,6 +92,7 @@ class LossSettings:
             divergence=method.divergence,
             beta=method.beta,
             decay_gamma=method.decay_gamma,
+            dpace_alpha=method.dpace_alpha,
             chunk=getattr(method, "chunk", chunk),
         )
 
@@ -216,20 +218,78 @@ def expce_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
     return _output(-(torch.where(inp.valid, ell, 0.0) * decay).sum() / ell.shape[0], ell, inp.valid)
 
 
+# The decay the DFlash paper trains with at the block sizes it reports (B = the anchor plus B - 1 drafted slots).
+DFLASH_DECAY_GAMMAS = {8: 4.0, 10: 5.0, 16: 7.0}
+
+
+def dflash_decay_gamma(block_size: int) -> float:
+    """The DFlash paper's decay γ for blocks of ``block_size`` (the anchor and ``block_size - 1`` drafted slots).
+
+    The paper gives γ only at 8, 10 and 16 (``DFLASH_DECAY_GAMMAS``); between them γ is linear in the block size and
+    beyond them each end segment is extended: γ = B/2 up to B = 10 (through 4 at 8 and 5 at 10), γ = 5 + (B - 10)/3
+    from there (through 7 at 16). A project choice: the paper states no rule. Extending the segments keeps the last
+    slot's weight e^{-(B-2)/γ} near the paper's (0.22, 0.20, 0.14 at 8, 10, 16): 0.37 at B = 4 and 0.09 at B = 32,
+    where clamping γ to [4, 7] would give 0.61 and 0.01. γ >= 1 for every block that drafts a slot (B >= 2).
+    """
+    if block_size < 2:
+        raise ValueError(f"a DFlash block drafts block_size - 1 slots; block_size must be >= 2, got {block_size}")
+    points = sorted(DFLASH_DECAY_GAMMAS.items())
+    # the segment that holds block_size, or the end segment nearest to it
+    seg = next((i for i in range(len(points) - 1) if block_size <= points[i + 1][0]), len(points) - 2)
+    (b0, g0), (b1, g1) = points[seg], points[seg + 1]
+    return g0 + (g1 - g0) * (block_size - b0) / (b1 - b0)
+
+
 @register_loss("dflash_ce")
 def dflash_ce_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
-    """``-Σ_{n,k} v_nk w_k ℓ_nk / Σ_{n,k} v_nk w_k`` with ``w_k = exp(-(k-1)/γ)`` (``settings.decay_gamma``): the
-    decayed cross-entropy the DFlash papers train their drafters with, a weighted mean over every valid slot of the
-    batch (slot k 1-based; invalid slots weigh 0). ``speculators`` divides the same weighted sum by the number of
-    valid slots instead, which scales each batch's loss by that batch's mean slot weight."""
-    if not settings.decay_gamma > 0:
-        raise ValueError(f"dflash_ce needs decay_gamma > 0 (method.decay_gamma), got {settings.decay_gamma}")
+    """``-Σ_{n,k} v_nk w_k ℓ_nk / Σ_{n,k} v_nk w_k`` with ``w_k = exp(-(k-1)/γ)``: the decayed cross-entropy the
+    DFlash papers train their drafters with, a weighted mean over every valid slot of the batch (slot k 1-based;
+    invalid slots weigh 0). γ is ``settings.decay_gamma``, or when that is None the paper's value for the block that
+    G slots make, ``dflash_decay_gamma(G + 1)`` (4.5 for the 8 slots of a block of 9). ``speculators`` divides the
+    same weighted sum by the number of valid slots instead, which scales each batch's loss by that batch's mean slot
+    weight."""
+    G = inp.labels.shape[1]
+    gamma = dflash_decay_gamma(G + 1) if settings.decay_gamma is None else settings.decay_gamma
+    if not gamma > 0:
+        raise ValueError(f"dflash_ce needs decay_gamma > 0 (method.decay_gamma), got {gamma}")
     ell = _slot_logprobs(inp, settings.chunk)
-    k = torch.arange(ell.shape[1], device=ell.device, dtype=torch.float32)
-    weight = torch.where(inp.valid, torch.exp(-k / settings.decay_gamma), 0.0)
+    k = torch.arange(G, device=ell.device, dtype=torch.float32)
+    weight = torch.where(inp.valid, torch.exp(-k / gamma), 0.0)
     # A batch without a valid slot gives 0 (a zero sum over a tiny positive total), not NaN.
     total = weight.sum().clamp(min=torch.finfo(weight.dtype).tiny)
     return _output(-(weight * ell).sum() / total, ell, inp.valid)
+
+
+def dpace_weights(q: Tensor, valid: Tensor, alpha: float) -> Tensor:
+    """D-PACE's slot weights ``W_j = Σ_{m≥j} Π_{i≤m} s_i`` with ``s_i = (1 - α) q_i + α``, ``[N, G]`` fp32, from the
+    drafter's probabilities ``q`` ``[N, G]`` of the verifier's tokens and ``valid`` ``[N, G]`` bool.
+
+    A product stops at a window's first invalid slot: the slots from there on weigh 0 and add nothing to the
+    earlier slots' sums. At α = 0, ``W_j`` is the streak loss's gradient weight; at α = 1 it is the number of reached
+    slots from ``j`` on. The arithmetic is ``speculators``' (``dpace_loss_decay``): an unreached slot's factor is 1
+    in the running product and its term 0 in the suffix sum."""
+    alive = _alive(valid)
+    smooth = torch.where(alive, (1.0 - alpha) * q.float() + alpha, 1.0)
+    prefix = torch.where(alive, smooth.cumprod(1), 0.0)
+    return torch.where(alive, prefix.flip(1).cumsum(1).flip(1), 0.0)
+
+
+@register_loss("dpace")
+def dpace_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
+    """``-Σ_{n,j} sg(W_nj) ℓ_nj / Σ_{n,j} r_nj``: D-PACE, cross-entropy on the verifier's tokens with each slot
+    weighted by ``dpace_weights`` of the drafter's own (detached) ``q_j = exp(ℓ_j)``, α = ``settings.dpace_alpha``,
+    divided by the number of slots the products reach (``r``: valid, no invalid slot before; with ``valid`` a prefix,
+    as every caller gives it, the valid slots of the batch). The default DFlash loss of ``speculators``, matched to
+    its definition there (``tests/alignment/test_dpace_speculators.py``). At α = 0 its gradient is the streak loss's
+    times ``N / Σ r``."""
+    alpha = settings.dpace_alpha
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"dpace needs 0 <= dpace_alpha <= 1 (method.dpace_alpha), got {alpha}")
+    alive = _alive(inp.valid)
+    ell = torch.where(alive, _slot_logprobs(inp, settings.chunk), 0.0)
+    with torch.no_grad():
+        weight = dpace_weights(ell.detach().exp(), alive, alpha)
+    return _output(-(weight * ell).sum() / alive.sum().clamp(min=1), ell, inp.valid)
 
 
 @register_loss("mdm")

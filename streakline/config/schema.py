@@ -44,7 +44,7 @@ FAMILY_CHOICES = (*FAMILIES, "auto")
 ATTENTION_MODES = ("causal", "full", "prefix_causal", "block_causal")
 DTYPES = ("float32", "bfloat16", "float16")
 ROLES = ("verifier", "drafter", "target")
-LOSSES = ("streak", "ce_streak", "expce", "distillspec", "ar_distill", "mdm", "dflash_ce")
+LOSSES = ("streak", "ce_streak", "expce", "distillspec", "ar_distill", "mdm", "dflash_ce", "dpace")
 DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 TEACHERS = ("stored", "online")
 ZERO_STAGES = (0, 2, 3)
@@ -208,8 +208,11 @@ class MethodConfig:
     inclusive: bool = False  # ce_streak: weight slot m by the streak through m rather than m-1
     divergence: str = "fkl"  # DIVERGENCES
     beta: float = 0.5  # jsd mixing weight
-    # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma); 7 is the DFlash papers' value for block size 16
-    decay_gamma: float = 7.0
+    # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma); None: the DFlash paper's value for the block size, which
+    # for windows of G slots is G + 1 (7 at 16, 5 at 10, 4 at 8, linear in between and beyond: 4.5 for tiny-dflash)
+    decay_gamma: float | None = None
+    # dpace: slot weights from the drafter's smoothed confidences (1 - dpace_alpha) q + dpace_alpha; 0.5 as speculators
+    dpace_alpha: float = 0.5
     teacher: str = "stored"  # TEACHERS
     onpolicy_mix: float = 0.0
 

@@ -325,7 +325,9 @@ def _method(cfg: DictConfig) -> None:
         _positive(cfg, "method.drafter_temperature")
     _between(cfg, "method.lam", 0.0, 1.0)
     _between(cfg, "method.beta", 0.0, 1.0)
-    _positive(cfg, "method.decay_gamma")
+    if cfg.method.decay_gamma is not None:  # None: the DFlash paper's value for the block size
+        _positive(cfg, "method.decay_gamma")
+    _between(cfg, "method.dpace_alpha", 0.0, 1.0)
     _between(cfg, "method.onpolicy_mix", 0.0, 1.0)
 
 

@@ -1,7 +1,10 @@
 """Distillation losses: chunked log-probs against the naive log-softmax, every loss against its formula written out
-by hand from plain softmax probabilities, invalid slots, stop-gradients, divergences, and vocabulary memory."""
+by hand from plain softmax probabilities, invalid slots, stop-gradients, divergences, and vocabulary memory; for the
+DFlash trainers' losses also dflash_ce's decay for the block size and D-PACE's weights by hand and its gradient at
+alpha = 0 against streak's (speculators' own D-PACE is compared in test_dpace_speculators.py)."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -16,6 +19,8 @@ from streakline.alignment.losses import (
     chunked_divergence,
     chunked_logprobs,
     compute_loss,
+    dflash_decay_gamma,
+    dpace_weights,
     logsumexp_chunked,
     naive_logprobs,
 )
@@ -51,7 +56,8 @@ def _leaves(hidden, weight):
 
 
 def _run(name, hidden, weight, labels, valid, temperature=TEMP, **kw):
-    settings = {k: kw.pop(k) for k in ("lam", "inclusive", "divergence", "beta", "chunk") if k in kw}
+    names = ("lam", "inclusive", "divergence", "beta", "decay_gamma", "dpace_alpha", "chunk")
+    settings = {k: kw.pop(k) for k in names if k in kw}
     settings.setdefault("chunk", 7)  # several chunks over V = 23, the last one short
     inp = LossInput(hidden, weight, labels, valid, temperature=temperature, **kw)
     return compute_loss(inp, LossSettings(name=name, **settings))
@@ -224,6 +230,105 @@ def test_streak_gradient_is_the_weighted_sum_of_label_gradients():
     expected_w = -torch.einsum("ng,ngv,ngh->vh", W, dlogits, hd) / N
     torch.testing.assert_close(h.grad.double(), expected_h, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(w.grad.double(), expected_w, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dflash_ce's decay for the block size, and D-PACE
+
+
+def test_dflash_decay_gamma_is_the_papers_at_its_block_sizes_and_linear_elsewhere():
+    assert [dflash_decay_gamma(b) for b in (8, 10, 16)] == [4.0, 5.0, 7.0]  # the paper's table
+    assert dflash_decay_gamma(9) == 4.5  # tiny-dflash: blocks of 9, windows of 8
+    assert [dflash_decay_gamma(b) for b in (2, 4, 5)] == [1.0, 2.0, 2.5]  # below 10: B / 2, the 8-10 segment
+    assert dflash_decay_gamma(13) == pytest.approx(6.0) and dflash_decay_gamma(22) == pytest.approx(9.0)
+    with pytest.raises(ValueError, match="block_size must be >= 2"):
+        dflash_decay_gamma(1)
+
+
+def test_dflash_ce_without_decay_gamma_uses_the_papers_value_for_g_plus_one_slots():
+    hidden, weight, labels, valid, _ = _case(12)  # G = 5 slots: blocks of 6, γ = 3
+    derived = _run("dflash_ce", hidden, weight, labels, valid).loss
+    qx = _label_q(_q(hidden, weight), labels, valid)
+    total = sum(math.exp(-j / 3.0) * math.log(q) for row in qx for j, q in enumerate(row) if q is not None)
+    norm = sum(math.exp(-j / 3.0) for row in qx for j, q in enumerate(row) if q is not None)
+    assert derived.item() == pytest.approx(-total / norm, rel=1e-5)
+    assert derived.item() == _run("dflash_ce", hidden, weight, labels, valid, decay_gamma=3.0).loss.item()
+    seven = _run("dflash_ce", hidden, weight, labels, valid, decay_gamma=7.0).loss
+    assert derived.item() != pytest.approx(seven.item())  # an explicit value still wins
+
+
+def test_dpace_weights_by_hand():
+    q = torch.tensor([[0.5, 0.2, 0.9], [0.5, 0.2, 0.9], [0.5, 0.2, 0.9]])
+    valid = torch.tensor([[True, True, True], [True, True, False], [True, False, True]])
+    # s = 0.5 q + 0.5 = 0.75, 0.6, 0.95; prefix products 0.75, 0.45, 0.4275; suffix sums of those
+    want = torch.tensor([[1.6275, 0.8775, 0.4275], [1.2, 0.45, 0.0], [0.75, 0.0, 0.0]])
+    torch.testing.assert_close(dpace_weights(q, valid, 0.5), want)
+    # α = 1: every factor is 1, so W_j counts the reached slots from j on; α = 0: the streak's W_j
+    torch.testing.assert_close(dpace_weights(q, valid, 1.0), torch.tensor([[3.0, 2, 1], [2, 1, 0], [1, 0, 0]]))
+    streak_w = [0.5 + 0.1 + 0.09, 0.1 + 0.09, 0.09]
+    torch.testing.assert_close(dpace_weights(q, valid, 0.0)[0], torch.tensor(streak_w))
+
+
+def _dpace_reference_weights(qx, alpha):
+    """``[N, G]`` float64 W_j = Σ_{m≥j} Π_{i≤m} ((1 - α) q_i + α), written out over each window's valid prefix."""
+    W = torch.zeros(len(qx), G, dtype=torch.float64)
+    for n, row in enumerate(qx):
+        prods, prod = [], 1.0
+        for q in row:
+            if q is None:
+                break
+            prod *= (1 - alpha) * q + alpha
+            prods.append(prod)
+        for j in range(len(prods)):
+            W[n, j] = sum(prods[j:])
+    return W
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.2, 1.0])
+def test_dpace_matches_formula_with_constant_weights(alpha):
+    hidden, weight, labels, valid, _ = _case(13)
+    W = _dpace_reference_weights(_label_q(_q(hidden, weight), labels, valid), alpha)
+
+    h, w = _leaves(hidden, weight)
+    out = _run("dpace", h, w, labels, valid, dpace_alpha=alpha)
+    out.loss.backward()
+
+    # The formula with the weights as plain constants, over the batch's valid slots: were any gradient to flow
+    # through the weights (the drafter's own q), the loss's gradient would differ from this one.
+    h_ref, w_ref = _leaves(hidden.double(), weight.double())
+    logq = torch.log_softmax(h_ref @ w_ref.T / TEMP, -1)
+    ell = logq.gather(-1, torch.where(valid, labels, 0)[..., None])[..., 0]
+    ref = -(W * torch.where(valid, ell, 0.0)).sum() / int(valid.sum())
+    ref.backward()
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
+    assert set(out.metrics) == {"loss", "q_mean_j", "streak_q"}
+
+
+def test_dpace_at_alpha_zero_has_the_streak_gradient():
+    """docs/algorithms.md section 4: at α = 0 the D-PACE weights are the streak gradient's W_j, so the two losses'
+    gradients are equal up to their normalisers (windows for streak, valid slots for dpace)."""
+    hidden, weight, labels, valid, _ = _case(14)
+    grads = {}
+    for name in ("streak", "dpace"):
+        h, w = _leaves(hidden, weight)
+        _run(name, h, w, labels, valid, dpace_alpha=0.0).loss.backward()
+        grads[name] = (h.grad, w.grad)
+    scale = int(valid.sum()) / N
+    for streak_grad, dpace_grad in zip(grads["streak"], grads["dpace"], strict=True):
+        assert streak_grad.abs().max() > 1e-4  # not vacuous
+        torch.testing.assert_close(dpace_grad * scale, streak_grad, rtol=1e-5, atol=1e-7)
+    # and at the default α they differ: the smoothing is what D-PACE adds
+    h, _ = _leaves(hidden, weight)
+    _run("dpace", h, weight, labels, valid).loss.backward()
+    assert not torch.allclose(h.grad * scale, grads["streak"][0], rtol=1e-3, atol=1e-6)
+
+
+def test_dpace_refuses_an_alpha_outside_zero_one():
+    hidden, weight, labels, valid, _ = _case()
+    with pytest.raises(ValueError, match=r"method.dpace_alpha"):
+        _run("dpace", hidden, weight, labels, valid, dpace_alpha=1.5)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -424,7 +529,7 @@ def _all_inputs(hidden, weight, labels, valid, teacher, kind):
     return kw
 
 
-CASES = [("streak", "full"), ("ce_streak", "full"), ("expce", "full"), ("dflash_ce", "full"), ("mdm", "full")] + [
+CASES = [(loss, "full") for loss in ("streak", "ce_streak", "expce", "dflash_ce", "dpace", "mdm")] + [
     (loss, kind) for loss in ("distillspec", "ar_distill") for kind in ("full", "topk")
 ]
 
@@ -456,8 +561,8 @@ def test_window_without_valid_slots_contributes_zero(loss, kind):
     both = _run(loss, hidden, weight, labels, valid, **_all_inputs(hidden, weight, labels, valid, teacher, kind))
     sub = [x[keep] for x in (hidden, labels, valid, teacher)]
     alone = _run(loss, sub[0], weight, sub[1], sub[2], **_all_inputs(sub[0], weight, sub[1], sub[2], sub[3], kind))
-    # window averages divide by every window; mdm divides by valid slots, dflash_ce by their weights and ar_distill
-    # by windows with v_1
+    # window averages divide by every window; mdm and dpace divide by valid slots, dflash_ce by their weights and
+    # ar_distill by windows with v_1
     scale = len(labels) / int(keep.sum()) if loss in ("streak", "ce_streak", "expce", "distillspec") else 1.0
     assert both.loss.item() * scale == pytest.approx(alone.loss.item(), rel=1e-5)
 
@@ -468,7 +573,7 @@ def test_products_stop_at_the_first_invalid_slot_even_without_a_prefix():
     labels = torch.randint(0, V, (N, G))
     holed = torch.tensor([[True, False, True, True, True]] * N)
     prefix = torch.tensor([[True, False, False, False, False]] * N)
-    for loss in ("streak", "ce_streak"):
+    for loss in ("streak", "ce_streak", "dpace"):  # dpace also divides by the slots reached, not the valid ones
         a = _run(loss, hidden, weight, labels, holed).loss
         b = _run(loss, hidden, weight, labels, prefix).loss
         assert a.item() == pytest.approx(b.item(), rel=1e-6)
@@ -492,11 +597,37 @@ def test_registry_matches_config_schema_and_rejects_unknown_names():
 
 def test_settings_from_method_config():
     method = schema.MethodConfig(
-        name="x", loss="ce_streak", lam=0.5, inclusive=True, divergence="tvd", beta=0.2, decay_gamma=4.0
-    )
+        name="x", loss="ce_streak", lam=0.5, inclusive=True, divergence="tvd", beta=0.2, decay_gamma=4.0,
+        dpace_alpha=0.3,
+    )  # fmt: skip
     s = LossSettings.from_config(method, chunk=512)
-    got = (s.name, s.lam, s.inclusive, s.divergence, s.beta, s.decay_gamma, s.chunk)
-    assert got == ("ce_streak", 0.5, True, "tvd", 0.2, 4.0, 512)
+    got = (s.name, s.lam, s.inclusive, s.divergence, s.beta, s.decay_gamma, s.dpace_alpha, s.chunk)
+    assert got == ("ce_streak", 0.5, True, "tvd", 0.2, 4.0, 0.3, 512)
+    # the schema's defaults are the loss settings' own: decay_gamma None (the paper's for the block size)
+    default = LossSettings.from_config(schema.MethodConfig(name="x", loss="dflash_ce"))
+    assert (default.decay_gamma, default.dpace_alpha) == (LossSettings.decay_gamma, LossSettings.dpace_alpha)
+    assert default.decay_gamma is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["method=dflash_ce"], None),  # decay_gamma unset: the paper's for the block size
+        (["method=dflash_ce", "method.decay_gamma=7"], None),
+        (["method=dflash_ce", "method.decay_gamma=0"], "method.decay_gamma=0.0 is not valid; it must be > 0"),
+        (["method=dpace", "method.dpace_alpha=0"], None),
+        (["method=dpace", "method.dpace_alpha=1.5"], "method.dpace_alpha=1.5 is not valid; it must lie in [0.0, 1.0]"),
+    ],
+)
+def test_config_validation_of_the_dflash_knobs(overrides, error):
+    from streakline.config import ConfigError, compose_config
+
+    if error is None:
+        cfg = compose_config(overrides)
+        assert LossSettings.from_config(cfg.method).name == cfg.method.loss
+    else:
+        with pytest.raises(ConfigError, match=re.escape(error)):
+            compose_config(overrides)
 
 
 # ---------------------------------------------------------------------------------------------------------------
