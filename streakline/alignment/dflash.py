@@ -91,7 +91,7 @@ class DFlashTrainModule(nn.Module):
         self, drafter: DFlashModel, verifier: Transformer, settings: LossSettings, *, temperature: float = 1.0
     ) -> None:
         super().__init__()
-        if getattr(drafter, "dflash", None) is None:
+        if not isinstance(drafter, DFlashModel):
             raise ValueError("DFlashTrainModule trains a DFlash drafter (streakline.models.dflash.DFlashModel)")
         try:
             shared = (drafter.embed, drafter.output_weight)

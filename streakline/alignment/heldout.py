@@ -49,11 +49,12 @@ class HeldoutEvaluator:
         from streakline.alignment.streak import simulated_streak
         from streakline.decoding.drafters import DFlashDrafter, DiffusionDrafter
         from streakline.decoding.speculative import SpecConfig, generate
+        from streakline.models.dflash import DFlashModel
 
         if not self.pairs:
             return {}
         kind = DiffusionDrafter
-        if getattr(drafter, "dflash", None) is not None:  # an export (ZeRO-3) is not shared yet; the live one is
+        if isinstance(drafter, DFlashModel):  # an export (ZeRO-3) is not shared yet; the live one is
             drafter.share(self.verifier)
             kind = DFlashDrafter
         was_training = drafter.training

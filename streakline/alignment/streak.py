@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from streakline.models import Transformer
+from streakline.models.dflash import DFlashModel
 
 from .dflash import dflash_draft_argmax
 from .windows import pack_windows, window_input, window_labels
@@ -88,7 +89,7 @@ def alpha_counts(streaks: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tens
 
 @torch.no_grad()
 def simulated_streak(
-    drafter: Transformer,
+    drafter: Transformer | DFlashModel,
     trajectories: list[tuple[list[int], list[int]]],
     gamma: int,
     mask_id: int,
@@ -101,7 +102,7 @@ def simulated_streak(
     count (a product stops at an invalid slot, and ``α_j`` leaves out the windows whose slot j is past the end;
     ``α_j`` is 0.0 when no window reached slot j).
     """
-    dflash = getattr(drafter, "dflash", None) is not None
+    dflash = isinstance(drafter, DFlashModel)
     if dflash and (verifier is None or gamma != drafter.dflash.block_size - 1):
         raise ValueError(
             f"a DFlash drafter's simulated streak needs the verifier (its input; got {type(verifier).__name__}) and "

@@ -1,8 +1,9 @@
 """Drafters: what proposes the draft tokens a speculative decoder verifies (docs/algorithms.md sections 1 and 3).
 
-Three kinds, registered in ``DRAFTERS`` (the one registry of drafter kinds; ``registry.DECODER_SPECS`` names one for
-each drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``, ``dflash_draft`` ->
-``dflash``):
+Three kinds, registered in ``DRAFTERS`` (how each kind drafts; ``registry.DECODER_SPECS`` names one for each drafted
+speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``, ``dflash_draft`` -> ``dflash``).
+The stages know the same kinds by the same names as ``pipelines/common/kinds.DRAFTER_KINDS``, whose entries also say
+how each is built, trained and exported:
 
 - ``ar``: a small causal LM proposes gamma tokens one forward at a time (SpS / Leviathan), one chain (K = 1).
   Any causal checkpoint works; a ``prefix_causal`` diffusion drafter is run in ``causal`` mode, which is the causal
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from streakline.models import KVCache, Transformer
-from streakline.models.dflash import block_inputs
+from streakline.models.dflash import DFlashModel, block_inputs
 from streakline.models.kv_cache import resolve_engine
 from streakline.models.masks import default_positions
 
@@ -248,8 +249,8 @@ class DFlashDrafter(_CachedDrafter):
 
     kind = "dflash"
 
-    def __init__(self, model, *, temperature: float = 1.5, top_k: int | None = 64) -> None:
-        if getattr(model, "dflash", None) is None:
+    def __init__(self, model: DFlashModel, *, temperature: float = 1.5, top_k: int | None = 64) -> None:
+        if not isinstance(model, DFlashModel):
             raise ValueError("decoder=dflash_draft needs a DFlash drafter model (streakline.models.dflash.DFlashModel)")
         self.model, self.temperature, self.top_k = model, temperature, top_k
         self.feature_layers = model.dflash.target_layer_ids

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from streakline.models.dflash import DFlashModel
+
 from .block_diffusion import BlockDecodeConfig
 from .drafters import DRAFTERS, ARDrafter, DFlashDrafter, DiffusionDrafter
 from .speculative import SpecConfig
@@ -176,7 +178,7 @@ def speculative_setup(
 def _check_pairing(name: str, kind: type, drafter_model) -> None:
     """A DFlash drafter drafts only under ``dflash_draft`` (it reads the verifier's layer states), and that decoder
     only runs a DFlash drafter."""
-    is_dflash = getattr(drafter_model, "dflash", None) is not None
+    is_dflash = isinstance(drafter_model, DFlashModel)
     if kind is DFlashDrafter and not is_dflash:
         raise ValueError(
             f"decoder={name} runs a DFlash drafter, but the drafter is a plain transformer; use a DFlash preset or "

@@ -26,6 +26,7 @@ from streakline.decoding.registry import (
     BLOCK_DRAFTED,
     REFERENCE,
     REFERENCE_DECODERS,
+    SPECULATIVE,
     block_decode_config,
     block_drafter,
     decoder_family,
@@ -247,7 +248,8 @@ def with_references(methods: list[EvalMethod]) -> list[EvalMethod]:
     """``methods`` plus the reference decoders their checks and speedups need (vanilla, static, threshold)."""
     names = {m.decoder for m in methods}
     extra = []
-    if names & {"ar_draft", "diffusion_draft", "dflash_draft"} and "vanilla" not in names:
+    drafted = {name for name, drafter in SPECULATIVE.items() if drafter is not None}  # every kind's decoder
+    if names & drafted and "vanilla" not in names:
         extra.append(EvalMethod("vanilla", "vanilla"))
     rules = {m.rule or "static" for m in methods if m.decoder in BLOCK_DRAFTED}
     extra += [EvalMethod(rule, rule) for rule in sorted(rules) if rule not in names]

@@ -5,7 +5,7 @@
 Knows nothing about stages; ``build(preset)`` (``builder.py``) turns a checkpoint preset into a model.
 """
 
-from .builder import build, dflash_config, is_dflash, locate
+from .builder import CHECKPOINT_KINDS, build, checkpoint_kind, dflash_config, is_dflash, locate
 from .checkpoint import (
     CheckpointError,
     load_pretrained,
@@ -21,6 +21,7 @@ from .transformer import Transformer
 
 __all__ = [
     "ATTENTION_MODES",
+    "CHECKPOINT_KINDS",
     "FAMILIES",
     "CheckpointError",
     "FamilySpec",
@@ -28,6 +29,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "build",
+    "checkpoint_kind",
     "dflash_config",
     "export_like",
     "is_dflash",

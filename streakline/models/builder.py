@@ -11,11 +11,14 @@ or across the devices the preset's ``devices`` names (``models/placement.py``; t
 A DFlash preset (``kind: dflash``), or a ``path`` whose folder holds a DFlash drafter (``is_dflash``), builds a
 ``DFlashModel`` instead: ``load_dflash(folder)``, or from its ``arch`` block, seeded. It owns no embedding or head,
 so the caller shares the verifier's before any forward (``drafter.share(verifier)``; a forward without it says so).
+``CHECKPOINT_KINDS`` registers the model class of each kind (``Transformer.kind``, ``DFlashModel.kind``), and
+``checkpoint_kind(preset)`` says which one a preset or folder builds, without reading weights.
 
     model = build(cfg.model.drafter, role="drafter", dtype=torch.bfloat16, device="cuda")
     model = build(cfg.model.verifier, role="verifier", device="cuda", inference=True)   # frozen, fused on a GPU
     model = build(cfg.model.verifier, role="verifier", dtype=torch.bfloat16)   # with model.verifier.devices=auto
     drafter = build(cfg.model.drafter, "drafter").share(verifier)                # model.drafter=micro-dflash
+    checkpoint_kind(cfg.model.drafter, "drafter")                                # "transformer" or "dflash"
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from .placement import place, plan_for, resolve_devices
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What a preset builds, by its kind (config/schema.py:CHECKPOINT_KINDS repeats the names; tests/test_registries.py
+# keeps the two equal).
+CHECKPOINT_KINDS: dict[str, type[Transformer] | type[DFlashModel]] = {m.kind: m for m in (Transformer, DFlashModel)}
 
 
 def _get(preset: Any, key: str, default=None):
@@ -148,6 +154,12 @@ def _build(preset: Any, role: str, *, dtype: torch.dtype, device, seed: int) -> 
         plan = plan_for(model.config, devices, dtype)
     print(f"model.{role}: {plan.describe()}")
     return place(model, plan)
+
+
+def checkpoint_kind(preset: Any, role: str = "drafter") -> str:
+    """Which of ``CHECKPOINT_KINDS`` ``preset`` builds: ``"dflash"`` for a DFlash preset or folder (``is_dflash``),
+    else ``"transformer"``. Reads at most the folder's config.json, never weights or a tokenizer."""
+    return DFlashModel.kind if is_dflash(preset, role) else Transformer.kind
 
 
 # ------------------------------------------------------------------------------------------------- DFlash drafters

@@ -35,6 +35,7 @@ Tests: ``python -m pytest tests/models/test_dflash.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -85,6 +86,8 @@ class DFlashLayer(Block):
 class DFlashModel(nn.Module):
     """The trainable part of a DFlash drafter (``fc``, ``hidden_norm``, the layers, ``norm``); the embedding and
     the head are the verifier's (``share``)."""
+
+    kind: ClassVar[str] = "dflash"  # its checkpoint kind (``builder.CHECKPOINT_KINDS``, a preset's ``kind``)
 
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()

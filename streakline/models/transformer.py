@@ -22,6 +22,8 @@ larger matmuls; the state dict keeps the checkpoint's names).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -206,6 +208,10 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
+    # The checkpoint kind this class is (``builder.CHECKPOINT_KINDS``, a preset's ``kind``): a model with its own
+    # embedding and head. Stages find a drafter's kind by it, not by probing attributes.
+    kind: ClassVar[str] = "transformer"
+
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.config = cfg
