@@ -1,11 +1,13 @@
 """One registry per plural thing, and the config's choices equal to it.
 
 Every plural thing is defined once, in the code that runs it (decoders: ``decoding.registry.DECODER_SPECS``,
-model families: ``models.config.FAMILIES``, losses: ``alignment.losses.LOSSES``, ...). ``config/schema.py`` repeats
-the names as the allowed config choices because it must import without torch (``--help`` reads it). These tests
-keep each schema tuple equal to its registry, the presets under ``conf/`` and the schema's defaults naming only
-registered things, and the derived decoder tables consistent. Each check is a function returning its problems, and
-the last tests feed each one a wrong input to show it can fail.
+model families: ``models.config.FAMILIES``, losses: ``alignment.losses.LOSSES``, checkpoint kinds:
+``models.CHECKPOINT_KINDS``, drafter kinds: ``pipelines.common.kinds.DRAFTER_KINDS``, ...). ``config/schema.py``
+repeats the names as the allowed config choices because it must import without torch (``--help`` reads it). These
+tests keep each schema tuple equal to its registry, the presets under ``conf/`` and the schema's defaults naming only
+registered things, the derived decoder tables consistent, and every drafter kind tied to its drafter class, decoder
+and checkpoint kind. Each check is a function returning its problems, and the last tests feed each one a wrong input
+to show it can fail.
 
 Run: ``python -m pytest tests/test_registries.py``.
 """
@@ -94,6 +96,18 @@ def _engines():
     return ENGINES
 
 
+def _checkpoint_kinds():
+    from streakline.models import CHECKPOINT_KINDS
+
+    return CHECKPOINT_KINDS
+
+
+def _drafter_kinds():
+    from streakline.pipelines.common.kinds import DRAFTER_KINDS
+
+    return DRAFTER_KINDS
+
+
 def _benchmarks():
     """Every name a prompt source may start with: benchmarks, conversation presets, conversations@..."""
     from streakline.data.sources import source_names
@@ -113,6 +127,7 @@ REGISTRIES: dict[str, Callable[[], Iterable[str]]] = {
     "TRAJECTORY_BACKENDS": _backends,
     "DTYPES": _dtypes,
     "ENGINES": _engines,
+    "CHECKPOINT_KINDS": _checkpoint_kinds,
 }
 
 # config key -> the registered names its value (a string) may take, wherever the key appears in a preset or the schema
@@ -127,6 +142,7 @@ KEY_CHOICES: dict[str, Callable[[], Iterable[str]]] = {
     "backend": _backends,
     "decoder": _decoders,
     "rule": _block_rules,  # the draft-free rule spot / spiffy reproduce, or that traces come from
+    "kind": _checkpoint_kinds,  # what a checkpoint preset builds
 }
 BENCHMARK_KEYS = ("prompt_sources", "benchmarks", "eval_sources")  # lists of benchmark names (name@/file allowed)
 GROUPS = tuple(schema.GROUP_SCHEMAS)  # conf/<group>/ folders holding the presets (conf/hydra is Hydra's own)
@@ -262,6 +278,36 @@ def check_decoder_docstring(doc: str) -> list[str]:
     return problems
 
 
+def check_drafter_kinds(kinds: dict) -> list[str]:
+    """Every drafter kind is one drafter class of ``decoding.drafters.DRAFTERS`` (the same names), runs under the
+    decoder whose spec names that class, builds a registered checkpoint kind and drafts in a role's tokenizer; every
+    drafted speculative decoder is some kind's; every checkpoint kind is trained as exactly one drafter kind."""
+    from torch import nn
+
+    from streakline.decoding.drafters import DRAFTERS
+
+    specs, checkpoints = _decoders(), _checkpoint_kinds()
+    problems = check_same_names(DRAFTERS, kinds, "DRAFTER_KINDS")
+    for name, kind in kinds.items():
+        if kind.name != name:
+            problems.append(f"DRAFTER_KINDS[{name!r}] is named {kind.name!r}")
+        if kind.decoder not in specs or specs[kind.decoder].drafter != kind.name:
+            problems.append(f"drafter kind {name}: decoder={kind.decoder!r} is not a decoder of drafter kind {name}")
+        if kind.checkpoint not in checkpoints:
+            problems.append(f"drafter kind {name}: checkpoint={kind.checkpoint!r} is no models.CHECKPOINT_KINDS key")
+        if kind.tokenizer_role not in ("drafter", "verifier"):
+            problems.append(f"drafter kind {name}: tokenizer_role={kind.tokenizer_role!r} is not a role it drafts in")
+        if kind.train_module is not None and not issubclass(kind.train_module, nn.Module):
+            problems.append(f"drafter kind {name}: train_module {kind.train_module!r} is no torch module")
+    drafted = sorted(n for n, s in specs.items() if s.drafter is not None)
+    problems += check_same_names(drafted, sorted(k.decoder for k in kinds.values()), "the drafter kinds' decoders")
+    for checkpoint in checkpoints:
+        trained = [k.name for k in kinds.values() if k.checkpoint == checkpoint and k.trains]
+        if len(trained) != 1:
+            problems.append(f"checkpoint kind {checkpoint} is trained as {trained}; exactly one drafter kind must be")
+    return problems
+
+
 # ---------------------------------------------------------------- the tests
 
 
@@ -317,6 +363,18 @@ def test_decoder_tables_derive_from_specs():
         assert registry.decoder_family(name) == spec.family
     with pytest.raises(ValueError, match="valid: vanilla, ar_draft"):
         registry.decoder_family("medusa")
+
+
+def test_checkpoint_kinds_are_their_model_classes():
+    from streakline.models import CHECKPOINT_KINDS, Transformer
+    from streakline.models.dflash import DFlashModel
+
+    assert all(cls.kind == name for name, cls in CHECKPOINT_KINDS.items())
+    assert CHECKPOINT_KINDS == {"transformer": Transformer, "dflash": DFlashModel}
+
+
+def test_drafter_kinds_are_their_drafters_decoders_and_checkpoint_kinds():
+    assert check_drafter_kinds(_drafter_kinds()) == []
 
 
 def test_decoder_docstring_table_is_true():
@@ -405,3 +463,17 @@ def test_a_stale_docstring_table_fails():
     doc = registry.__doc__.replace("| target + artifact |", "| target |").replace("``spiffy``", "``medusa``")
     problems = check_decoder_docstring(doc)
     assert any("medusa" in p for p in problems) and any("spot needs" in p for p in problems), problems
+
+
+def test_a_wrong_drafter_kind_fails():
+    import dataclasses as dc
+
+    kinds = dict(_drafter_kinds())
+    kinds["dflash"] = dc.replace(kinds["dflash"], decoder="diffusion_draft", tokenizer_role="target", checkpoint="gguf")
+    kinds["ar"] = dc.replace(kinds["ar"], train_module=kinds["diffusion"].train_module)  # two train transformers
+    problems = check_drafter_kinds(kinds)
+    for needle in ("decoder='diffusion_draft'", "tokenizer_role='target'", "checkpoint='gguf'", "['dflash_draft']",
+                   "dflash is trained as []", "transformer is trained as ['ar', 'diffusion']"):  # fmt: skip
+        assert any(needle in p for p in problems), (needle, problems)
+    del kinds["ar"]
+    assert any("['ar']" in p for p in check_drafter_kinds(kinds))

@@ -22,13 +22,13 @@ complete run with the same key: drafter, trajectories folder, gamma, method, tra
    config.json, dtype, shard layout and extra files kept, provenance in ``streakline.json``), so ``transformers``
    loads it like the original.
 
-A DFlash drafter (``model.drafter=micro-dflash``, or a path to a DFlash export; docs/dflash.md) trains on the same
-windows, cut ``block_size - 1`` wide with its own mask token (``method.gamma`` may only repeat that width), through
-``DFlashTrainModule``: the verifier is always built on the training device, since its layer states are the drafter's
-input and its embedding and head the drafter's own. Exports are ``speculators`` DFlash folders (``save_dflash``,
-what ``vllm serve`` reads); ``stage=decode decoder=dflash_draft`` decodes with them. One built from scratch (a preset
-without a path) also keeps the weights it started from in ``init/``, which ``stage=evaluate`` decodes as the start of
-the DFlash lines of Fig. 7. LoRA and on-policy labels are refused for it in ``check``.
+What differs between kinds of drafter is the drafter's entry in ``common.kinds.DRAFTER_KINDS``, which this recipe
+dispatches on (``drafter_kind``): its refusals, window width, run key, tokenizer, how it is built and trained (steps
+2 and 4) and how a checkpoint is exported. A standalone diffusion drafter trains with ``DraftTrainModule`` and exports
+as above; a DFlash drafter (``model.drafter=micro-dflash``, or a path to a DFlash export; docs/dflash.md) trains on
+the same windows, ``block_size - 1`` wide, through ``DFlashTrainModule`` beside the verifier whose layer states it
+reads, exports ``speculators`` folders (what ``vllm serve`` reads; ``stage=decode decoder=dflash_draft``) and, built
+from scratch, keeps the weights it started from in ``init/`` (the start of its Fig. 7 lines in ``stage=evaluate``).
 
     python launch.py stage=distill model=micro model.drafter=micro-dflash method=dflash_ce
 
@@ -48,6 +48,7 @@ from streakline.alignment.losses import TEACHER_LOSSES
 from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, read_manifest
 from streakline.config import ConfigError
 
+from .common.kinds import drafter_kind
 from .common.lookup import trajectories_dir
 from .common.roles import role_tokenizer
 from .runner import Stage, StageResult
@@ -73,9 +74,7 @@ class Distill(Stage):
         if method.loss == "mdm":
             raise ConfigError("method=mdm is the pretraining objective (stage=bootstrap); distill with streak, "
                               "ce_streak, expce, dflash_ce, distillspec or ar_distill")  # fmt: skip
-        dflash = _dflash(cfg)
-        if dflash is not None:
-            _check_dflash(cfg, dflash)
+        drafter_kind(cfg).check(cfg)
         if method.onpolicy_mix > 0 and (method.loss not in TEACHER_LOSSES or method.teacher != "online"):
             raise ConfigError(
                 "method.onpolicy_mix > 0 drafts labels with the drafter and needs the verifier to score them: use it "
@@ -110,11 +109,11 @@ class Distill(Stage):
         # `latest` tag) is part of the key; unset, the key leaves it out and folders of earlier runs keep their hash.
         if trainer.pop("resume_from", None):
             trainer["resume_from"] = _resume_source(cfg)
-        drafter = cfg.model.drafter
+        kind = drafter_kind(cfg)
         return {
-            "drafter": _dflash_key(cfg) or drafter.path or drafter.hub_id,
+            "drafter": kind.run_key(cfg),
             "trajectories": str(trajectories_dir(cfg)),
-            "gamma": _gamma(cfg),
+            "gamma": kind.gamma(cfg),
             "method": {
                 **OmegaConf.to_container(cfg.method, resolve=True),
                 "drafter_temperature": train_temperature(cfg),
@@ -124,53 +123,26 @@ class Distill(Stage):
         }
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
-        from streakline import __version__
         from streakline.alignment.data import TrajectoryWindows
-        from streakline.alignment.dflash import DFlashTrainModule, dflash_from_state
-        from streakline.alignment.lora import from_training_state, merged, with_lora
-        from streakline.alignment.losses import LossSettings
+        from streakline.alignment.lora import merged
         from streakline.alignment.strategy import DeepSpeedStrategy
-        from streakline.alignment.trainer import DraftTrainModule, Trainer
-        from streakline.models import build, export_like, locate, save_pretrained
-        from streakline.models.dflash_checkpoint import save_dflash
+        from streakline.alignment.trainer import Trainer
 
-        out, gamma, method = stage_run.dir, _gamma(cfg), cfg.method
-        dflash = _is_dflash(cfg)
+        kind = drafter_kind(cfg)
+        out, gamma, method = stage_run.dir, kind.gamma(cfg), cfg.method
         strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed)
-        # a DFlash drafter has no tokenizer of its own: it drafts in the verifier's vocabulary
-        tokenizer = role_tokenizer(cfg, "verifier" if dflash else "drafter")
+        tokenizer = role_tokenizer(cfg, kind.tokenizer_role)  # a DFlash drafter drafts in the verifier's vocabulary
         stored_teacher = method.loss in TEACHER_LOSSES and method.teacher == "stored"
         dataset = _trajectories(cfg, tokenizer, stored_teacher)
 
-        # Exports are drop-in copies of the drafter's own checkpoint folder with the weights replaced (its config.json,
-        # dtype, shard layout, tokenizer and remote-code files kept), so transformers loads them like the original;
-        # a from-scratch drafter (no folder) is written by save_pretrained.
-        source = locate(cfg.model.drafter, "drafter")
-        verifier_identity = _verifier_identity(cfg) if dflash else {}
-        verifier = None
-        if dflash:  # the verifier's layer states are its input, its embedding and head its own (shared, frozen)
-            # in the dtype DeepSpeed trains the drafter in: the drafter embeds its blocks with the verifier's
-            # embedding and reads its head, so under bf16 an fp32 verifier would meet bf16 layers
-            dtype = "bfloat16" if cfg.trainer.precision == "bf16" else None
-            verifier = build(cfg.model.verifier, "verifier", dtype=dtype, device=strategy.device)
-            verifier.eval().requires_grad_(False)
-            drafter = build(cfg.model.drafter, "drafter", seed=cfg.seed).share(verifier).train()
-            mask_id = drafter.dflash.mask_token_id
-            if source is None and strategy.is_main and not (out / "init").is_dir():
-                # Built from scratch, the drafter has no folder of its own: keep the weights it starts from, which
-                # stage=evaluate decodes as the step 0 of the DFlash lines of Fig. 7 ("dflash:base").
-                save_dflash(drafter, out / "init", **verifier_identity)
-                stage_run.add_output("init")
-        else:
-            drafter = build(cfg.model.drafter, "drafter").train()
-            mask_id = drafter.config.mask_token_id
-            if mask_id is None:
-                mask_id = _add_mask_token(cfg, drafter, tokenizer)
-            if cfg.trainer.lora.enabled:
-                drafter = with_lora(drafter, cfg.trainer.lora)
-            drafter.gradient_checkpointing = cfg.trainer.activation_checkpointing
-            if method.loss in TEACHER_LOSSES and not stored_teacher:
-                verifier = build(cfg.model.verifier, "verifier", device=strategy.device).eval().requires_grad_(False)
+        # the drafter, the verifier when the kind or the loss reads it, the train module and how exports are written
+        trainee = kind.trainee(cfg, tokenizer, device=strategy.device, run=out, temperature=train_temperature(cfg))
+        if trainee.save_start is not None and strategy.is_main and not (out / "init").is_dir():
+            # Built from scratch, the drafter has no folder of its own: keep the weights it starts from, which
+            # stage=evaluate decodes as the step 0 of its Fig. 7 lines (DrafterKind.start_rows: "dflash:base").
+            trainee.save_start(out / "init")
+            stage_run.add_output("init")
+        module, mask_id, verifier = trainee.module, trainee.mask_id, trainee.verifier
         windows = TrajectoryWindows(
             dataset,
             gamma=gamma,
@@ -180,43 +152,12 @@ class Distill(Stage):
             seed=cfg.seed,
             teacher=stored_teacher,
         )
-        if dflash:
-            module = DFlashTrainModule(
-                drafter, verifier, LossSettings.from_config(method), temperature=train_temperature(cfg)
-            )
-        else:
-            module = DraftTrainModule(
-                drafter,
-                LossSettings.from_config(method),
-                mask_id=mask_id,
-                temperature=train_temperature(cfg),
-                verifier=verifier,
-                onpolicy_mix=method.onpolicy_mix,
-            )
         engine = strategy.setup(module)
         tracker = _tracker(cfg, stage_run, enabled=strategy.is_main)
         evaluator = _evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier) if strategy.is_main else None
 
-        method_record = OmegaConf.to_container(cfg.method, resolve=True)
-
         def export(step: int, state: dict[str, torch.Tensor]) -> Path:
-            target = out / "checkpoints" / f"step-{step:06d}"
-            if dflash:  # the speculators format (vllm serve <folder>), naming the verifier it drafts for
-                model = dflash_from_state(state, module.drafter.dflash)
-                folder = save_dflash(model, target, **verifier_identity)
-            else:
-                model = from_training_state(state, module.drafter.config, cfg.trainer.lora)
-                if source is None:
-                    folder = save_pretrained(model, target, tokenizer=tokenizer)
-                else:
-                    provenance = {
-                        "source": str(source),
-                        "step": step,
-                        "run": str(out),
-                        "method": method_record,
-                        "streakline_version": __version__,
-                    }
-                    folder = export_like(model, target, source, tokenizer=tokenizer, provenance=provenance)
+            model, folder = trainee.export(state, out / "checkpoints" / f"step-{step:06d}", step)
             if evaluator is not None and not strategy.live_weights_are_whole:  # ZeRO-3: evaluate the export
                 result = evaluator(step, model)
                 if result:
@@ -284,108 +225,10 @@ def _resume_source(cfg: DictConfig) -> str:
     return str(folder / tag)
 
 
-def _add_mask_token(cfg: DictConfig, drafter, tokenizer) -> int:
-    """A drafter whose tokenizer lacks the preset's mask token (an AR checkpoint turned into a diffusion drafter):
-    add it, mean-initialised (``models.tokenizer.add_mask_token``); every export then carries the token and the
-    grown vocabulary. ConfigError when the preset names no mask token or there is no tokenizer to add it to."""
-    from streakline.models.tokenizer import add_mask_token
-
-    token = cfg.model.drafter.mask_token
-    if token is None or tokenizer is None:
-        raise ConfigError(
-            "the drafter has no mask token: set model.drafter.mask_token (it is added to the drafter's tokenizer "
-            "when missing)" + ("" if tokenizer is not None else " and model.drafter.tokenizer")
-        )
-    mask_id = add_mask_token(drafter, tokenizer, token)
-    print(f"distill: the drafter's tokenizer had no {token!r}; added it as id {mask_id} with a mean embedding")
-    return mask_id
-
-
-def _gamma(cfg: DictConfig) -> int:
-    """The window width: a DFlash drafter's block size - 1 (``check`` refuses another ``method.gamma``), else
-    ``method.gamma`` or the drafter preset's gamma."""
-    dflash = _dflash(cfg)
-    if dflash is not None:
-        return dflash.block_size - 1
-    return cfg.method.gamma or cfg.model.drafter.gamma
-
-
-# --------------------------------------------------------------------------------------------- DFlash drafters
-def _is_dflash(cfg: DictConfig) -> bool:
-    """Whether the drafter is a DFlash drafter (its preset's kind, or its weights folder); reads no tokenizer."""
-    from streakline.models import is_dflash
-
-    return is_dflash(cfg.model.drafter, "drafter")
-
-
-def _dflash(cfg: DictConfig):
-    """The drafter's ``DFlashConfig`` (from its folder, or its preset and the verifier's tokenizer) when it is a
-    DFlash drafter, else None."""
-    from streakline.models import dflash_config
-
-    return dflash_config(cfg.model.drafter, "drafter") if _is_dflash(cfg) else None
-
-
-def _check_dflash(cfg: DictConfig, dflash) -> None:
-    """What DFlash training cannot do, refused before any folder is made."""
-    width = dflash.block_size - 1
-    if cfg.method.gamma is not None and cfg.method.gamma != width:
-        raise ConfigError(
-            f"method.gamma={cfg.method.gamma}, but the DFlash drafter drafts blocks of {dflash.block_size} (the newest "
-            f"token and {width} masks), so its windows are {width} wide: drop method.gamma or set method.gamma={width}"
-        )
-    if cfg.method.onpolicy_mix > 0:
-        raise ConfigError(
-            f"method.onpolicy_mix={cfg.method.onpolicy_mix}: on-policy labels are drafted by the diffusion drafters' "
-            "training module, which DFlash training does not use; set method.onpolicy_mix=0"
-        )
-    if cfg.trainer.lora.enabled:
-        raise ConfigError(
-            "trainer.lora.enabled=true: a DFlash drafter is a few layers and trains whole (its export holds only its "
-            "own layers); set trainer.lora.enabled=false"
-        )
-
-
-def _dflash_key(cfg: DictConfig) -> dict[str, Any] | None:
-    """The run key's ``drafter`` for a DFlash drafter: its weights folder, or for one built from scratch its preset
-    (shapes, layer ids, block, mask token), which a path-less plain drafter's key never needed. None otherwise."""
-    node = cfg.model.drafter
-    if not _is_dflash(cfg):
-        return None
-    if node.path or node.hub_id:
-        return {"kind": "dflash", "weights": node.path or node.hub_id}
-    preset = OmegaConf.to_container(node, resolve=True)
-    for k in ("path", "tokenizer", "devices"):  # where it runs and reads from, not what it is
-        preset.pop(k, None)
-    return preset
-
-
-def _verifier_identity(cfg: DictConfig) -> dict[str, str | None]:
-    """``save_dflash``'s ``verifier_name`` (the verifier's hub id, else its folder) and ``verifier_architecture``
-    (its config.json's, else its family's): what ``vllm serve <export>`` loads as the target."""
-    import json
-
-    from streakline.models import FAMILIES, locate
-
-    node = cfg.model.verifier
-    folder = locate(node, "verifier")
-    arch = None
-    if folder is not None:
-        try:
-            arch = (json.loads((folder / "config.json").read_text()).get("architectures") or [None])[0]
-        except (OSError, ValueError):
-            arch = None
-    if arch is None and node.family in FAMILIES:
-        arch = FAMILIES[node.family].architecture
-    return {"verifier_name": node.hub_id or (str(folder) if folder else node.name), "verifier_architecture": arch}
-
-
 def _decode_hint(cfg: DictConfig) -> dict[str, str]:
-    """What ``report`` prints to decode with the drafter: the decoder and, for DFlash, the drafter preset."""
-    if not _is_dflash(cfg):
-        return {"model": cfg.model.name, "decoder": "diffusion_draft", "drafter_preset": ""}
-    preset = f"model.drafter={cfg.model.drafter.name} "
-    return {"model": cfg.model.name, "decoder": "dflash_draft", "drafter_preset": preset}
+    """What ``report`` prints to decode with the drafter: its kind's decoder and what else the command needs."""
+    kind = drafter_kind(cfg)
+    return {"model": cfg.model.name, "decoder": kind.decoder, "drafter_preset": kind.decode_overrides(cfg)}
 
 
 def _trajectories(cfg: DictConfig, tokenizer, stored_teacher: bool):

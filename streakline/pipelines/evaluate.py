@@ -11,7 +11,8 @@ Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of e
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
 unaligned: step 0 of Fig. 7), every complete ``stage=distill`` run of this experiment (labelled by its method, with
 its training steps; DFlash runs as ``dflash:<method>``, decoded with ``dflash_draft``, and ``dflash:base``, the
-drafter they started from, as the step 0 of their Fig. 7 lines), the K x drafter-temperature grid of Fig. 5 on
+drafter they started from, as the step 0 of their Fig. 7 lines; which rows a drafter gets, and which decoder runs
+it, are its kind's entry in ``common.kinds.DRAFTER_KINDS``), the K x drafter-temperature grid of Fig. 5 on
 the distilled drafter with the best training-time decoder streak (K i.i.d. drafts, ``argmax_chain=False``, as in
 the paper), each distill run's intermediate checkpoints (``checkpoints/step-*``, labelled ``<method>@<steps>``)
 at the lowest of ``stage.temperatures`` only, for the Fig. 7 curves, and for the block-diffusion target ``static``
@@ -38,7 +39,8 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.results import hardware, line_name, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
 
-from .common.lookup import distill_checkpoints, distill_runs, drafted_decoder, locate_block_artifact, stage_settings
+from .common.kinds import DRAFTER_KINDS, DrafterKind, drafter_kind, preset_rows
+from .common.lookup import distill_checkpoints, distill_runs, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
@@ -128,17 +130,16 @@ def _result(folder: Path, records: list[dict], figures: dict[str, Path], lossy: 
 def discover(cfg: DictConfig) -> list[EvalMethod]:
     """The default method list (see the module docstring)."""
     ev = cfg.stage
-    base = drafted_decoder(cfg)  # dflash_draft when the preset's drafter is a DFlash one, which never runs as AR
-    methods = [
-        EvalMethod("vanilla", "vanilla"),
-        *([EvalMethod("ar_draft", "ar_draft")] if base == "diffusion_draft" else []),
-        EvalMethod("base", base, steps=0),  # step 0 of every Fig. 7 line, evaluated once
-    ]
+    preset = drafter_kind(cfg)
+    # the preset's drafter once per kind it decodes as: ar_draft and base (step 0 of every Fig. 7 line of its kind)
+    # for a transformer drafter, base for a DFlash one (which never runs as AR)
+    methods = [EvalMethod("vanilla", "vanilla"), *preset_rows(cfg)]
     runs = distill_runs(cfg)
-    for r in runs:  # a DFlash distill run's exports decode with dflash_draft
-        r["decoder"] = drafted_decoder(cfg, str(Path(r["folder"]) / "drafter"))
-    if base != "dflash_draft":  # the DFlash lines of Fig. 7 start from what their runs started from (a plain base
-        methods += _dflash_bases(runs)  # drafter cannot stand in for them); a DFlash preset's base already does
+    for r in runs:  # each run's exports decode with its kind's decoder (a DFlash run's with dflash_draft)
+        r["decoder"] = drafter_kind(cfg, str(Path(r["folder"]) / "drafter")).decoder
+    for kind in DRAFTER_KINDS.values():  # the lines of a kind whose runs start from weights no preset row decodes
+        if kind.start_rows and kind is not preset:  # (a from-scratch DFlash drafter's init/); the preset's own
+            methods += _start_rows(kind, runs)  # kind starts from the preset's drafter, its base row
     names = [line_name(r["method"], r["decoder"]) for r in runs]  # dflash:<loss> beside a plain drafter's <loss>
     curve_temperature = min(float(T) for T in ev.temperatures)  # Fig. 7's (fig7_speedup_vs_steps picks the same)
     curves = []
@@ -156,7 +157,7 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     scored = [r for r in runs if r["decoder_streak"] is not None]
     best = max(scored, key=lambda r: r["decoder_streak"]) if scored else None
     grid_drafter = str(Path(best["folder"]) / "drafter") if best else None
-    grid_decoder = best["decoder"] if best else base  # the preset's drafter when no run is scored
+    grid_decoder = best["decoder"] if best else preset.decoder  # the preset's drafter when no run is scored
     for K in ev.k_grid:  # the paper's drafts: K i.i.d. samples at the drafter temperature (no argmax chain)
         for tau in ev.drafter_temperature_grid:
             methods.append(
@@ -183,17 +184,18 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     return methods
 
 
-def _dflash_bases(runs: list[dict[str, Any]]) -> list[EvalMethod]:
-    """``dflash:base`` (step 0, no loss): the drafter the DFlash runs started from (a from-scratch run's ``init/``,
-    else its warm-start folder), once per distinct start (runs from one preset and seed share one); none when no
-    DFlash run records one."""
+def _start_rows(kind: DrafterKind, runs: list[dict[str, Any]]) -> list[EvalMethod]:
+    """``<kind>:base`` (step 0, no loss; ``dflash:base``): the drafter the runs of ``kind`` started from (a
+    from-scratch run's ``init/``, else its warm-start folder), once per distinct start (runs from one preset and
+    seed share one); none when no run of the kind records one."""
     starts: dict[str, str] = {}
     for r in runs:
-        if r["decoder"] == "dflash_draft" and r["start"]:
+        if r["decoder"] == kind.decoder and r["start"]:
             starts.setdefault(r["start_key"], r["start"])
+    name = line_name("base", kind.decoder)
     return [
-        EvalMethod("dflash:base" if len(starts) == 1 else f"dflash:base@{Path(start).parent.name}", "dflash_draft",
-                   drafter=start, steps=0)
+        EvalMethod(name if len(starts) == 1 else f"{name}@{Path(start).parent.name}", kind.decoder, drafter=start,
+                   steps=0)
         for start in starts.values()
     ]  # fmt: skip
 

@@ -33,7 +33,8 @@ from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.suite import evaluate_methods
 from streakline.world import attach_world
 
-from .common.lookup import distill_checkpoints, distill_runs, drafted_decoder, stage_overrides
+from .common.kinds import drafter_kind, preset_rows
+from .common.lookup import distill_checkpoints, distill_runs, stage_overrides
 from .common.prompts import evaluation_inputs
 from .common.roles import device
 from .runner import Stage, StageResult
@@ -90,12 +91,13 @@ def new_checkpoints(cfg: DictConfig, history: list[dict[str, Any]]) -> list[Eval
     def new(ckpt: str) -> bool:
         return not all((ckpt, b) in seen for b in cfg.stage.benchmarks)
 
-    methods = [EvalMethod("base", "diffusion_draft", steps=0)] if new(base_checkpoint(cfg)) else []
+    # step 0: the preset's drafter decoded as the kind that trains it ("base", diffusion_draft for a plain drafter)
+    methods = [m for m in preset_rows(cfg) if m.steps == 0] if new(base_checkpoint(cfg)) else []
     for run_ in distill_runs(cfg):
         for steps, ckpt in distill_checkpoints(run_):
             if new(ckpt):
                 label = f"{run_['method']}@{Path(run_['folder']).name}"
-                decoder = drafted_decoder(cfg, ckpt)  # dflash_draft for a DFlash run's exports
+                decoder = drafter_kind(cfg, ckpt).decoder  # dflash_draft for a DFlash run's exports
                 methods.append(EvalMethod(label, decoder, drafter=ckpt, steps=steps, distill_loss=run_["method"]))
     return methods
 
@@ -110,7 +112,7 @@ def _evaluate(cfg: DictConfig, methods: list[EvalMethod]) -> list[dict[str, Any]
     """Tonight's records on ``cfg`` (a stage=evaluate config at the sweep's temperature): the new checkpoints plus
     ``ar_draft`` (the horizontal baseline) and ``vanilla`` (the speedup reference)."""
     night = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    methods = [EvalMethod("ar_draft", "ar_draft"), *methods]
+    methods = [*(m for m in preset_rows(cfg) if m.steps is None), *methods]  # ar_draft for a transformer drafter
     prompts, eos = evaluation_inputs(cfg, methods)
     records = evaluate_methods(cfg, methods, prompts, eos)
     for r in records:

@@ -216,7 +216,8 @@ def distill_runs(cfg: DictConfig) -> list[dict[str, Any]]:
     DFlash drafter built from scratch, else the drafter's path or hub id from the run key (None when it has none);
     ``start_key`` is equal for runs that started from the same weights (the same folder, or the same from-scratch
     preset and seed, whose seeded initialisations are equal). A run's intermediate checkpoints are listed by
-    :func:`distill_checkpoints`."""
+    :func:`distill_checkpoints`; which kind of drafter its exports are, and so their decoder, is
+    ``kinds.drafter_kind(cfg, <folder>/drafter)``."""
     runs = []
     for folder, m in complete_runs(cfg.run_root, cfg.experiment.name, "distill"):
         if not (folder / "drafter").is_dir():
@@ -240,18 +241,9 @@ def _start(folder: Path, key: dict[str, Any]) -> dict[str, str | None]:
     drafter = key.get("drafter")
     if (folder / "init").is_dir():
         return {"start": str(folder / "init"), "start_key": json.dumps([drafter, key.get("seed")], sort_keys=True)}
-    if isinstance(drafter, dict):  # a DFlash drafter warm-started from a folder: {"kind": "dflash", "weights": ...}
+    if isinstance(drafter, dict):  # a kind's own key of a folder (kinds/dflash.py): {"kind": ..., "weights": ...}
         drafter = drafter.get("weights")
     return {"start": drafter, "start_key": drafter} if isinstance(drafter, str) else {"start": None, "start_key": None}
-
-
-def drafted_decoder(cfg: DictConfig, drafter: str | None = None) -> str:
-    """The speculative decoder that runs a drafter checkpoint folder (None: the model preset's drafter):
-    ``dflash_draft`` for a DFlash drafter (a DFlash distill run exports one), else ``diffusion_draft``."""
-    from streakline.models import is_dflash
-
-    node = cfg.model.drafter if drafter is None else {"path": drafter}
-    return "dflash_draft" if is_dflash(node, "drafter") else "diffusion_draft"
 
 
 def distill_checkpoints(run: dict[str, Any]) -> list[tuple[int, str]]:

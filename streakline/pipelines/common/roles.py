@@ -112,7 +112,9 @@ def bridge_tokenizers(cfg: DictConfig, drafter, verifier_tokenizer):
     """The drafter as is when it shares the verifier's tokenizer, else wrapped to draft through token strings."""
     from streakline.decoding.cross_tokenizer import CrossTokenizerDrafter, VocabBridge
 
-    if drafter.kind == "dflash":  # drafts with the verifier's own embedding and head: its tokenizer by construction
+    from .kinds import DRAFTER_KINDS
+
+    if DRAFTER_KINDS[drafter.kind].tokenizer_role == "verifier":  # a DFlash drafter: the verifier's by construction
         return drafter
     drafter_tokenizer = role_tokenizer(cfg, "drafter") if verifier_tokenizer is not None else None
     if drafter_tokenizer is None or tokenizer_hash(drafter_tokenizer) == tokenizer_hash(verifier_tokenizer):

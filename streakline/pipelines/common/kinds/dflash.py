@@ -1,0 +1,128 @@
+"""The DFlash drafter (docs/dflash.md): a ``DFlashModel``, a few layers over the verifier's layer states that draft
+with the verifier's embedding, head and tokenizer; ``decoder=dflash_draft``.
+
+stage=distill trains it on the same windows as a standalone drafter, cut ``block_size - 1`` wide with its own mask
+token (``method.gamma`` may only repeat that width), through ``alignment.dflash.DFlashTrainModule``: the verifier is
+always built on the training device, since its layer states are the drafter's input and its embedding and head the
+drafter's own. Every export is a ``speculators`` DFlash folder (``save_dflash``, what ``vllm serve`` reads) naming
+the verifier; one built from scratch also keeps the weights it started from in ``init/``, which stage=evaluate
+decodes as ``dflash:base``. LoRA and on-policy labels are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from streakline.alignment.dflash import DFlashTrainModule
+from streakline.config import ConfigError
+
+from .base import DrafterKind, Trainee
+
+
+class DFlashKind(DrafterKind):
+    def check(self, cfg: DictConfig) -> None:
+        dflash = _config(cfg)
+        width = dflash.block_size - 1
+        if cfg.method.gamma is not None and cfg.method.gamma != width:
+            raise ConfigError(
+                f"method.gamma={cfg.method.gamma}, but the DFlash drafter drafts blocks of {dflash.block_size} (the "
+                f"newest token and {width} masks), so its windows are {width} wide: drop method.gamma or set "
+                f"method.gamma={width}"
+            )
+        if cfg.method.onpolicy_mix > 0:
+            raise ConfigError(
+                f"method.onpolicy_mix={cfg.method.onpolicy_mix}: on-policy labels are drafted by the diffusion "
+                "drafters' training module, which DFlash training does not use; set method.onpolicy_mix=0"
+            )
+        if cfg.trainer.lora.enabled:
+            raise ConfigError(
+                "trainer.lora.enabled=true: a DFlash drafter is a few layers and trains whole (its export holds only "
+                "its own layers); set trainer.lora.enabled=false"
+            )
+
+    def gamma(self, cfg: DictConfig) -> int:
+        """Its block size - 1 (``check`` refuses another ``method.gamma``)."""
+        return _config(cfg).block_size - 1
+
+    def run_key(self, cfg: DictConfig) -> dict[str, Any]:
+        """Its weights folder, or for one built from scratch its preset (shapes, layer ids, block, mask token),
+        which a path-less standalone drafter's key never needed."""
+        node = cfg.model.drafter
+        if node.path or node.hub_id:
+            return {"kind": "dflash", "weights": node.path or node.hub_id}
+        preset = OmegaConf.to_container(node, resolve=True)
+        for k in ("path", "tokenizer", "devices"):  # where it runs and reads from, not what it is
+            preset.pop(k, None)
+        if preset.get("source", "absent") is None:  # a field added later (as lookup.role_key): unset, it moves no run
+            del preset["source"]
+        return preset
+
+    def trainee(self, cfg: DictConfig, tokenizer, *, device, run: Path, temperature: float) -> Trainee:
+        from streakline.alignment.dflash import dflash_from_state
+        from streakline.alignment.losses import LossSettings
+        from streakline.models import build, locate
+        from streakline.models.dflash_checkpoint import save_dflash
+
+        source = locate(cfg.model.drafter, "drafter")  # None: built from scratch
+        identity = _verifier_identity(cfg)  # what every export names as its target
+        # in the dtype DeepSpeed trains the drafter in: the drafter embeds its blocks with the verifier's embedding
+        # and reads its head, so under bf16 an fp32 verifier would meet bf16 layers
+        dtype = "bfloat16" if cfg.trainer.precision == "bf16" else None
+        verifier = build(cfg.model.verifier, "verifier", dtype=dtype, device=device)
+        verifier.eval().requires_grad_(False)
+        drafter = build(cfg.model.drafter, "drafter", seed=cfg.seed).share(verifier).train()
+        module = self.train_module(drafter, verifier, LossSettings.from_config(cfg.method), temperature=temperature)
+
+        def export(state, target: Path, step: int):  # the speculators format (vllm serve <folder>)
+            model = dflash_from_state(state, module.drafter.dflash)
+            return model, save_dflash(model, target, **identity)
+
+        def save_start(folder: Path) -> Path:
+            return save_dflash(drafter, folder, **identity)
+
+        start = save_start if source is None else None  # a folder to start from is its own record
+        return Trainee(drafter, module, drafter.dflash.mask_token_id, verifier, export, start)
+
+    def decode_overrides(self, cfg: DictConfig) -> str:
+        """The DFlash preset: the model preset's drafter is a standalone one."""
+        return f"model.drafter={cfg.model.drafter.name} "
+
+
+def _config(cfg: DictConfig):
+    """The drafter's ``DFlashConfig``: from its folder, or its preset and the verifier's tokenizer."""
+    from streakline.models import dflash_config
+
+    return dflash_config(cfg.model.drafter, "drafter")
+
+
+def _verifier_identity(cfg: DictConfig) -> dict[str, str | None]:
+    """``save_dflash``'s ``verifier_name`` (the verifier's hub id, else its folder) and ``verifier_architecture``
+    (its config.json's, else its family's): what ``vllm serve <export>`` loads as the target."""
+    from streakline.models import FAMILIES, locate
+
+    node = cfg.model.verifier
+    folder = locate(node, "verifier")
+    arch = None
+    if folder is not None:
+        try:
+            arch = (json.loads((folder / "config.json").read_text()).get("architectures") or [None])[0]
+        except (OSError, ValueError):
+            arch = None
+    if arch is None and node.family in FAMILIES:
+        arch = FAMILIES[node.family].architecture
+    return {"verifier_name": node.hub_id or (str(folder) if folder else node.name), "verifier_architecture": arch}
+
+
+DFLASH = DFlashKind(
+    "dflash",
+    decoder="dflash_draft",
+    checkpoint="dflash",
+    tokenizer_role="verifier",  # it drafts with the verifier's embedding and head: its vocabulary by construction
+    row="base",  # a DFlash model preset's drafter, undistilled
+    train_module=DFlashTrainModule,
+    start_rows=True,
+)
