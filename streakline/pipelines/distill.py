@@ -114,10 +114,7 @@ class Distill(Stage):
             "drafter": kind.run_key(cfg),
             "trajectories": str(trajectories_dir(cfg)),
             "gamma": kind.gamma(cfg),
-            "method": {
-                **OmegaConf.to_container(cfg.method, resolve=True),
-                "drafter_temperature": train_temperature(cfg),
-            },
+            "method": {**method_key(cfg.method), "drafter_temperature": train_temperature(cfg)},
             "trainer": trainer,
             "seed": cfg.seed,
         }
@@ -198,6 +195,25 @@ class Distill(Stage):
             f"{result.details['drafter_preset']}decoder={result.details['decoder']} "
             f"model.drafter.path={result.artifact} 'prompt=\"...\"'"
         )
+
+
+# MethodConfig knobs added or redefined after distill runs existed, with the value earlier run keys recorded. A loss
+# that does not read a knob keeps that value in its key, so its older runs keep their folders; the loss that reads it
+# is keyed by what it now means (dflash_ce with decay_gamma unset takes the paper's value for its block, a new rule).
+LATER_METHOD_DEFAULTS = {"decay_gamma": ("dflash_ce", 7.0), "dpace_alpha": ("dpace", None)}
+
+
+def method_key(method) -> dict[str, Any]:
+    """``cfg.method`` as distill's run key holds it (``LATER_METHOD_DEFAULTS``)."""
+    out = OmegaConf.to_container(method, resolve=True)
+    for knob, (reader, earlier) in LATER_METHOD_DEFAULTS.items():
+        if out.get("loss") == reader or knob not in out:
+            continue
+        if earlier is None:
+            del out[knob]  # did not exist: runs of other losses never had it
+        elif out[knob] is None:
+            out[knob] = earlier
+    return out
 
 
 STAGE = Distill()

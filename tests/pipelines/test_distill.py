@@ -16,7 +16,7 @@ from streakline.config import ConfigError, compose_config
 from streakline.config.schema import DecoderConfig
 from streakline.models import load_pretrained
 from streakline.pipelines import run_stage
-from streakline.pipelines.distill import train_temperature
+from streakline.pipelines.distill import method_key, train_temperature
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = [
@@ -256,3 +256,15 @@ def test_two_nodes_rendezvous_on_localhost_and_train(world):
         assert p.returncode == 0, err[-3000:]
     done = _distill(world, "distill-data", *args)
     assert done.details["resumed_from"] is None and len(_losses(done.folder)) == 3
+
+
+def test_method_knobs_added_later_leave_other_losses_keys_as_they_were():
+    """dpace_alpha and the unset decay_gamma (both new on 2026-12-01) do not move the runs of losses that ignore
+    them: their keys hold what keys held before (no dpace_alpha, decay_gamma 7.0); the losses that read them are
+    keyed by their values."""
+    for loss in ("streak", "ce_streak", "distillspec"):
+        key = method_key(compose_config([f"method={loss}"]).method)
+        assert "dpace_alpha" not in key and key["decay_gamma"] == 7.0
+    assert method_key(compose_config(["method=dpace"]).method)["dpace_alpha"] == 0.5
+    assert method_key(compose_config(["method=dflash_ce"]).method)["decay_gamma"] is None
+    assert method_key(compose_config(["method=dflash_ce", "method.decay_gamma=5"]).method)["decay_gamma"] == 5.0
