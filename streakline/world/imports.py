@@ -64,6 +64,12 @@ def attach_imports(cfg: DictConfig, roles: tuple[str, ...] = ROLES, progress: bo
     wanted = [r for r in ROLES if r in roles and _source(cfg, r) is not None and cfg.model[r].path is None]
     for role in wanted:
         _attach(cfg, role, progress, chain=())
+    drafter, verifier = cfg.model.drafter, cfg.model.verifier
+    if drafter.kind == "dflash" and drafter.tokenizer is None and _source(cfg, "verifier") is not None:
+        # a DFlash drafter drafts in the verifier's tokenizer, whose mask token fills its blocks (as the world's do)
+        if verifier.path is None:
+            _attach(cfg, "verifier", progress, chain=())
+        drafter.tokenizer = verifier.tokenizer
     return cfg
 
 

