@@ -17,6 +17,7 @@ prompt 0, then prompt 1, ...) after one warm-up, so machine noise hits all metho
 
     python bench/smol.py                                  # 4 + 4 prompts, 64 tokens, L = 1 2 4 6; ~10 min on 2 cores
     python bench/smol.py --prompts 2 --new 32 --layers 2 4 --threads 1
+    python bench/smol.py --layers 4 --trained ce_streak=runs/default/distill/<hash>/drafter   # a distilled cut too
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 6])
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--trained",
+        nargs="*",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="trained cut drafters to add (e.g. ce_streak=runs/default/distill/<hash>/drafter)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,6 +95,11 @@ def main() -> None:
     for n, model in drafters.items():
         methods[f"L={n} ar_draft"] = ours(ARDrafter(model))
         methods[f"L={n} diffusion"] = ours(DiffusionDrafter(model))
+    for spec in args.trained:  # the drafter preset's behaviour (prefix_causal, shift) on a distill run's weights
+        name, folder = spec.split("=", 1)
+        node = cfg.model.drafter.copy()
+        node.path, node.source = folder, None
+        methods[f"{name} diffusion"] = ours(DiffusionDrafter(build(node, "drafter", inference=True)))
 
     print(f"verifier: SmolLM2-135M-Instruct, 30 layers; drafters: its first {args.layers} layers, untrained; "
           f"gamma {args.gamma}; {args.prompts} prompts x {args.new} tokens per benchmark; threads "

@@ -51,6 +51,17 @@ def _q(hidden, weight, temperature=TEMP):
     return torch.softmax(hidden.double() @ weight.double().T / temperature, -1)
 
 
+def _constant_weight_loss(hidden, weight, labels, valid, weights, denominator):
+    """``-Σ weights·ℓ / denominator`` in float64 with ``weights`` as plain constants, backpropagated: the reference
+    for a loss whose slot weights must carry no gradient. Returns the loss and its two leaves (their ``.grad`` set)."""
+    h_ref, w_ref = _leaves(hidden.double(), weight.double())
+    logq = torch.log_softmax(h_ref @ w_ref.T / TEMP, -1)
+    ell = logq.gather(-1, torch.where(valid, labels, 0)[..., None])[..., 0]
+    ref = -(weights * torch.where(valid, ell, 0.0)).sum() / denominator
+    ref.backward()
+    return ref, h_ref, w_ref
+
+
 def _leaves(hidden, weight):
     return hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
 
@@ -162,11 +173,7 @@ def test_ce_streak_matches_formula_with_constant_weights(inclusive):
 
     # The formula with the weights as plain constants: if the loss let gradient through its streak weights,
     # its gradient would differ from this one.
-    h_ref, w_ref = _leaves(hidden.double(), weight.double())
-    logq = torch.log_softmax(h_ref @ w_ref.T / TEMP, -1)
-    ell = logq.gather(-1, torch.where(valid, labels, 0)[..., None])[..., 0]
-    ref = -(weights * torch.where(valid, ell, 0.0)).sum() / N
-    ref.backward()
+    ref, h_ref, w_ref = _constant_weight_loss(hidden, weight, labels, valid, weights, N)
     assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
     torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
@@ -295,11 +302,7 @@ def test_dpace_matches_formula_with_constant_weights(alpha):
 
     # The formula with the weights as plain constants, over the batch's valid slots: were any gradient to flow
     # through the weights (the drafter's own q), the loss's gradient would differ from this one.
-    h_ref, w_ref = _leaves(hidden.double(), weight.double())
-    logq = torch.log_softmax(h_ref @ w_ref.T / TEMP, -1)
-    ell = logq.gather(-1, torch.where(valid, labels, 0)[..., None])[..., 0]
-    ref = -(W * torch.where(valid, ell, 0.0)).sum() / int(valid.sum())
-    ref.backward()
+    ref, h_ref, w_ref = _constant_weight_loss(hidden, weight, labels, valid, W, int(valid.sum()))
     assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
     torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
