@@ -56,10 +56,19 @@ DFLASH_VERIFIER = {
     "tiny-dflash": "tiny-verifier",
     "tiny-dflash-1l": "tiny-verifier",
     "qwen3-8b-dflash": "qwen3-8b",
+    "smollm2-dflash": "smollm2-135m",
 }
 # Each other checkpoint preset once, the roles taken in turn (a compose costs ~0.2 s; every pairing adds nothing).
 _PLAIN = [p for p in group_options(CONF_DIR, "checkpoint") if p not in DFLASH_VERIFIER]
-_CHECKPOINT_CASES = [(ROLES[i % len(ROLES)], p) for i, p in enumerate(_PLAIN)]
+
+
+def _role(i: int, preset: str) -> str:
+    """The roles in turn, but a preset cut from another role's model (``source.from_role``) in the drafter role."""
+    source = OmegaConf.load(CONF_DIR / "checkpoint" / f"{preset}.yaml").get("source") or {}
+    return "drafter" if source.get("from_role") else ROLES[i % len(ROLES)]
+
+
+_CHECKPOINT_CASES = [(_role(i, p), p) for i, p in enumerate(_PLAIN)]
 
 
 @pytest.mark.parametrize(("role", "preset"), _CHECKPOINT_CASES, ids=lambda v: str(v))
