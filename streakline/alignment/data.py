@@ -59,7 +59,10 @@ class WindowBatch:
       valid ``[B, W, G]`` bool slot validity, False past the end of ``seq`` and for every slot of a filler window;
       teacher_ids / teacher_logprobs ``[B, W, G, k]`` int64 / float32: the verifier's stored top-k at each slot's
         completion position ``i + j - P`` (0 where invalid), or None without ``teacher=True``;
-      rows ``[B]`` int64: index of each example's trajectory in the dataset (for logging and tests).
+      rows ``[B]`` int64: index of each example's trajectory in the dataset (for logging and tests);
+      features ``[B, T, L*H]``: the verifier's stored layer states of each clean row's tokens (zeros on padding), in
+        the stored dtype (float16, or float32 in tests), or None without ``features=`` (DFlash drafters' input when
+        trained offline: ``method.features=stored``).
     """
 
     clean: torch.Tensor
@@ -71,6 +74,7 @@ class WindowBatch:
     teacher_ids: torch.Tensor | None
     teacher_logprobs: torch.Tensor | None
     rows: torch.Tensor | None = None
+    features: torch.Tensor | None = None
 
     @property
     def gamma(self) -> int:
@@ -161,6 +165,8 @@ class TrajectoryWindows:
 
     dataset: columns ``prompt_ids`` and ``completion_ids`` (lists of ids) and, for ``teacher=True``, ``topk_ids`` and
     ``topk_logprobs`` ``[completion tokens][k]`` (``streakline.data.trajectories.load_trajectories``).
+    features: the verifier layer states stored beside those shards (``data.trajectories.StoredFeatures``: ``row(i)``
+    ``[tokens of row i, L*H]``), carried in every batch as ``WindowBatch.features``; None: none.
 
     Offsets are ``i = max(P, 1) + n*stride < len(seq)``: a window needs at least one prefix token (a shifted
     drafter predicts slot 0 from it), so an empty prompt starts at offset 1; an empty completion gives no windows.
@@ -183,6 +189,7 @@ class TrajectoryWindows:
         max_len: int | None = None,
         seed: int = 0,
         teacher: bool = False,
+        features=None,
     ) -> None:
         for name, value in (("gamma", gamma), ("stride", stride), ("windows_per_seq", windows_per_seq)):
             if value < 1:
@@ -198,7 +205,12 @@ class TrajectoryWindows:
                 f"trajectories do not have; {_TOPK_FIX}, or train without teacher top-k"
             )
         self.gamma, self.mask_id, self.stride, self.max_len = gamma, mask_id, stride, max_len
-        self.seed, self.teacher = seed, teacher
+        self.seed, self.teacher, self.features = seed, teacher, features
+        if features is not None and features.rows != len(dataset):
+            raise ValueError(
+                f"the stored features hold {features.rows} rows but the trajectories {len(dataset)}; regenerate "
+                "them together (stage=trajectories with data.feature_layers)"
+            )
         columns = list(BASE_COLUMNS) + (list(TOPK_COLUMNS) if teacher else [])
         self._rows = dataset.select_columns(columns).with_format("arrow")
 
@@ -318,6 +330,7 @@ class TrajectoryWindows:
         for b, s in enumerate(seqs):
             clean[b, : len(s)] = s
             pad_valid[b, : len(s)] = True
+        feats = None if self.features is None else self._features(rows, prompt_len[where] + completion_len[where], seqs)
         return WindowBatch(
             clean=torch.from_numpy(clean),
             pad_valid=torch.from_numpy(pad_valid),
@@ -328,7 +341,24 @@ class TrajectoryWindows:
             teacher_ids=torch.from_numpy(teacher_ids) if self.teacher else None,
             teacher_logprobs=torch.from_numpy(teacher_lp) if self.teacher else None,
             rows=torch.from_numpy(rows.astype(np.int64)),
+            features=feats,
         )
+
+    def _features(self, rows: np.ndarray, seq_len: np.ndarray, seqs: list[np.ndarray]) -> torch.Tensor:
+        """``[B, T, L*H]`` stored features of each example's trajectory, cut to its clean row and zero-padded."""
+        parts = []
+        for r, n, s in zip(rows.tolist(), seq_len.tolist(), seqs, strict=True):
+            row = self.features.row(r)
+            if row.shape[0] != n:  # features of other rows than these (a shard regenerated alone by hand)
+                raise ValueError(
+                    f"the stored features of trajectory {r} cover {row.shape[0]} tokens, the trajectory has {n}; "
+                    "regenerate them together (stage=trajectories with data.feature_layers)"
+                )
+            parts.append(torch.from_numpy(np.ascontiguousarray(row[: len(s)])))
+        out = torch.zeros(len(parts), max(len(s) for s in seqs), parts[0].shape[1], dtype=parts[0].dtype)
+        for b, part in enumerate(parts):
+            out[b, : len(part)] = part
+        return out
 
     def _topk(self, table: pa.Table, completion_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``([sum C, k] int64 ids, [sum C, k] float32 logprobs)`` of the fetched rows, completion tokens in order."""

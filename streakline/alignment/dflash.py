@@ -16,6 +16,11 @@ window of the batch is one block of a single packed drafter forward (``models.df
 states of slots 1..G of the real windows go to ``compute_loss`` with the verifier's head as the output matrix (the
 drafter owns none), so no ``[N, G, V]`` drafter logits are ever built.
 
+Offline (``method.features=stored``; docs/dflash.md, Offline features): the batch carries the verifier's layer
+states that stage=trajectories stored (``WindowBatch.features``, written by ``verifier_features``), and the module
+runs no verifier forward at all; the loss, the packing and the drafter forward are the same, so online and offline
+training give the same loss and gradients up to the stored dtype's rounding (exactly with float32 features).
+
 ``slot_hidden`` is that forward on its own (the held-out simulated streak of ``stage=distill`` reads it through
 ``dflash_draft_argmax``), and ``dflash_from_state`` turns a training state dict back into a drafter to export.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -43,25 +49,30 @@ def slot_hidden(
     clean: torch.Tensor,
     offsets: torch.Tensor,
     pad_valid: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    features: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The drafter's final hidden states ``[B, W, G, H]`` (G = block_size - 1) of every window's slots, and the
     verifier's final states ``[B, T, H]``, for right-padded rows ``clean`` ``[B, T]`` (``pad_valid`` marks real
     tokens; None: all) and window offsets ``[B, W]`` (each >= 1). Window ``w`` is the block anchored at
     ``offsets[w] - 1``; its slot ``k`` drafts position ``offsets[w] + k - 1``. One verifier forward (no grad) and one
-    packed drafter forward: what training reads (``DFlashTrainModule``) and the held-out simulated streak too."""
+    packed drafter forward: what training reads (``DFlashTrainModule``) and the held-out simulated streak too.
+    ``features`` ``[B, T, L*H]``: the verifier's layer states at ``target_layer_ids``, stored beforehand; then no
+    verifier forward runs and the final states come back as None."""
     cfg = drafter.dflash
     B, T = clean.shape
     W, L = offsets.shape[1], cfg.block_size
     # Right-padded rows: the real tokens sit at positions 0 .. n-1, the positions the drafter's context rows and
     # blocks use (packed_blocks); padding is masked out of the verifier's keys and never seen by a block.
     pos = torch.arange(T, device=clean.device).expand(B, T)
-    with torch.no_grad():
-        final, features = verifier.hidden(
-            clean,
-            position_ids=pos,
-            attention_mask=None if pad_valid is None else pad_valid.long(),
-            aux_layers=cfg.target_layer_ids,
-        )
+    final = None
+    if features is None:
+        with torch.no_grad():
+            final, features = verifier.hidden(
+                clean,
+                position_ids=pos,
+                attention_mask=None if pad_valid is None else pad_valid.long(),
+                aux_layers=cfg.target_layer_ids,
+            )
     block_ids, block_pos, mask = packed_blocks(clean, offsets - 1, L, cfg.mask_token_id, context_valid=pad_valid)
     h = drafter.hidden(block_ids, block_pos, features=features, feature_pos=pos, attn_mask=mask)
     # slot 0 of each block holds the anchor token itself; slots 1 .. L-1 draft the window's G labels
@@ -140,7 +151,22 @@ class DFlashTrainModule(nn.Module):
             )
         batch = batch.to(drafter.fc.weight.device)
         keep = batch.window_valid.flatten()
-        final, slots = slot_hidden(drafter, verifier, batch.clean, batch.offsets, batch.pad_valid)
+        stored = None
+        if batch.features is not None:
+            width = drafter.fc.weight.shape[1]  # fc maps the L*H concatenated states to one row of H
+            if batch.features.shape[-1] != width:
+                raise ValueError(
+                    f"the stored features are {batch.features.shape[-1]} wide, the drafter reads {width} (its "
+                    f"layers {list(cfg.target_layer_ids)}): store those layers (data.feature_layers)"
+                )
+            if self.settings.name in TEACHER_LOSSES and batch.teacher_ids is None:
+                raise ValueError(
+                    f"loss {self.settings.name} needs the verifier's logits, which stored features do not give: "
+                    "store its top-k too (data.topk_logprobs, method.teacher=stored) or train with online features"
+                )
+            # the drafter's dtype: fp16 features meet fp32 (or bf16) layers, as the verifier's own states would
+            stored = batch.features.to(drafter.fc.weight.dtype)
+        final, slots = slot_hidden(drafter, verifier, batch.clean, batch.offsets, batch.pad_valid, stored)
         picked = slots.flatten(0, 1)[keep]
         teacher = {}
         if batch.teacher_ids is not None:
@@ -171,6 +197,38 @@ class DFlashTrainModule(nn.Module):
         rows = slot_rows(final, batch.offsets, batch.labels.shape[-1])
         # only the real windows' rows go through the head: filler windows would cost V columns each for nothing
         return self.verifier.logits(rows[keep]).float()
+
+
+@torch.no_grad()
+def verifier_features(
+    verifier: Transformer,
+    seqs: list[list[int]],
+    layers: tuple[int, ...],
+    *,
+    batch_size: int = 16,
+    dtype: torch.dtype = torch.float16,
+) -> list[np.ndarray]:
+    """The verifier's layer states at ``layers`` for every token of each sequence: one ``[len(seq), L*H]`` numpy
+    array (``dtype``) per sequence, from no-grad forwards over ``batch_size`` right-padded sequences at a time,
+    positions 0 .. n-1 and padding masked, as ``slot_hidden`` runs the verifier online (causal attention: what
+    follows a token, padding or the rest of the row, changes nothing of its state). What stage=trajectories stores
+    with ``data.feature_layers`` (``data.trajectories.write_features``)."""
+    dev = verifier.embed.weight.device
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        chunk = seqs[start : start + batch_size]
+        T = max(1, max(len(s) for s in chunk))
+        ids = torch.zeros(len(chunk), T, dtype=torch.long)
+        valid = torch.zeros(len(chunk), T, dtype=torch.long)
+        for b, s in enumerate(chunk):
+            ids[b, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+            valid[b, : len(s)] = 1
+        ids, valid = ids.to(dev), valid.to(dev)
+        pos = torch.arange(T, device=dev).expand(len(chunk), T)
+        _, feats = verifier.hidden(ids, position_ids=pos, attention_mask=valid, aux_layers=tuple(layers))
+        feats = feats.to(dtype).cpu().numpy()
+        out.extend(feats[b, : len(s)] for b, s in enumerate(chunk))
+    return out
 
 
 def dflash_from_state(state: dict[str, torch.Tensor], cfg: DFlashConfig) -> DFlashModel:

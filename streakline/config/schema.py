@@ -215,6 +215,9 @@ class MethodConfig:
     dpace_alpha: float = 0.5
     teacher: str = "stored"  # TEACHERS
     onpolicy_mix: float = 0.0
+    # a DFlash drafter's verifier layer states: computed by the verifier at every step (online), or read from the
+    # trajectories, which stage=trajectories stored with data.feature_layers = the drafter's target_layer_ids (stored)
+    features: str = "online"
 
 
 @dataclass
@@ -242,6 +245,11 @@ class DataConfig:
     # LONG_PROMPTS: a prompt that, with max_new_tokens, needs more positions than the verifier has: stop before any
     # work (error), drop it (skip), or keep its last tokens (truncate); the manifest counts what was done
     long_prompts: str = "error"
+    # verifier layer ids (the DFlash convention: 0 = embeddings) whose states stage=trajectories stores in half
+    # precision for every position of every row, for method.features=stored; empty: none
+    feature_layers: list[int] = field(default_factory=list)
+    # the stage refuses, before any work, features estimated past this many GB (rows x tokens x layers x hidden x 2 B)
+    max_feature_gb: float = 50.0
 
 
 @dataclass

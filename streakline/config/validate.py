@@ -39,6 +39,9 @@ from streakline.config.schema import (
 )
 from streakline.errors import UserError
 
+# method.features: where a DFlash drafter's verifier layer states come from (docs/dflash.md, Offline features)
+FEATURE_SOURCES = ("online", "stored")
+
 
 class ConfigError(UserError, ValueError):
     """A composed config that is well typed but cannot be run."""
@@ -329,6 +332,7 @@ def _method(cfg: DictConfig) -> None:
         _positive(cfg, "method.decay_gamma")
     _between(cfg, "method.dpace_alpha", 0.0, 1.0)
     _between(cfg, "method.onpolicy_mix", 0.0, 1.0)
+    _choice(cfg, "method.features", FEATURE_SOURCES)
 
 
 def _data(cfg: DictConfig) -> None:
@@ -353,6 +357,13 @@ def _data(cfg: DictConfig) -> None:
     for key in ("max_new_tokens", "num_shards", "batch_size"):
         _at_least(cfg, f"data.{key}", 1)
     _at_least(cfg, "data.topk_logprobs", 0)
+    layers = list(data.feature_layers)
+    if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+        raise ConfigError(
+            f"data.feature_layers={layers} must be distinct layer ids >= 0 (0: the embeddings), e.g. the DFlash "
+            "drafter's target_layer_ids"
+        )
+    _positive(cfg, "data.max_feature_gb")
 
 
 def _trainer(cfg: DictConfig) -> None:

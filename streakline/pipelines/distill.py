@@ -74,6 +74,11 @@ class Distill(Stage):
         if method.loss == "mdm":
             raise ConfigError("method=mdm is the pretraining objective (stage=bootstrap); distill with streak, "
                               "ce_streak, expce, dflash_ce, distillspec or ar_distill")  # fmt: skip
+        if method.features == "stored" and not hasattr(drafter_kind(cfg), "stored_features"):
+            raise ConfigError(
+                "method.features=stored feeds a DFlash drafter the verifier states stored with the trajectories; "
+                f"the {drafter_kind(cfg).name} drafter reads none: use method.features=online"
+            )
         drafter_kind(cfg).check(cfg)
         if method.onpolicy_mix > 0 and (method.loss not in TEACHER_LOSSES or method.teacher != "online"):
             raise ConfigError(
@@ -99,6 +104,8 @@ class Distill(Stage):
                 f"no complete trajectories for these verifier and data settings ({why} in {folder}); make them with "
                 f"{make}"
             )
+        if method.features == "stored":  # the trajectories are there: do they hold the drafter's layer states?
+            drafter_kind(cfg).stored_features(cfg)
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         """What the trained drafter depends on; logging and evaluation cadence do not move the folder."""
@@ -140,6 +147,8 @@ class Distill(Stage):
             trainee.save_start(out / "init")
             stage_run.add_output("init")
         module, mask_id, verifier = trainee.module, trainee.mask_id, trainee.verifier
+        # offline: the verifier's layer states come with each batch instead of from a verifier forward per step
+        features = kind.stored_features(cfg) if method.features == "stored" else None
         windows = TrajectoryWindows(
             dataset,
             gamma=gamma,
@@ -148,6 +157,7 @@ class Distill(Stage):
             windows_per_seq=cfg.trainer.windows_per_seq,
             seed=cfg.seed,
             teacher=stored_teacher,
+            features=features,
         )
         engine = strategy.setup(module)
         tracker = _tracker(cfg, stage_run, enabled=strategy.is_main)
@@ -206,6 +216,8 @@ LATER_METHOD_DEFAULTS = {"decay_gamma": ("dflash_ce", 7.0), "dpace_alpha": ("dpa
 def method_key(method) -> dict[str, Any]:
     """``cfg.method`` as distill's run key holds it (``LATER_METHOD_DEFAULTS``)."""
     out = OmegaConf.to_container(method, resolve=True)
+    if out.get("features") == "online":  # added later; online is what every earlier run did
+        del out["features"]
     for knob, (reader, earlier) in LATER_METHOD_DEFAULTS.items():
         if out.get("loss") == reader or knob not in out:
             continue

@@ -13,9 +13,12 @@ Order of work (top-down):
    with a seed derived from ``(seed, i)``, so a shard's rows never depend on how many workers there are;
 3. the run folder ``<run_root>/<experiment>/trajectories/<hash of verifier, tokenizer, data settings, seed>/``:
    shards already there and valid are kept, missing or damaged ones are (re)generated, an estimate of rows and
-   bytes is printed first;
+   bytes is printed first (with ``data.feature_layers``, the verifier features' size too, refused in ``check`` past
+   ``data.max_feature_gb``);
 4. generation, in process (``launcher=local``) or on Ray actors (``launcher=ray``; one per GPU, or
    ``launcher.workers`` CPU slots), each shard written atomically as it finishes, a progress bar with tokens/s;
+   with ``data.feature_layers`` each finished row also goes through one no-grad verifier forward whose layer states
+   are written beside the shard (``features-*.safetensors``, float16; what ``method.features=stored`` trains on);
 5. every shard validated together (``data.trajectories.load_trajectories``); the runner writes the manifest last.
    A complete run is reused as is unless a shard has been damaged since (then only that shard is regenerated).
 
@@ -41,12 +44,17 @@ from streakline.config import ConfigError
 from streakline.data.benchmarks import parse_source
 from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (
+    FeatureMeta,
     ShardMeta,
+    check_features,
     check_shard,
     estimate,
+    feature_bytes,
+    feature_name,
     format_bytes,
     load_trajectories,
     shard_name,
+    write_features,
     write_shard,
 )
 
@@ -69,6 +77,8 @@ class Trajectories(Stage):
         from streakline.decoding.backends import check_backend
 
         check_backend(cfg.data.backend)
+        if cfg.data.feature_layers:
+            check_features_fit(cfg)
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         from streakline.models.tokenizer import tokenizer_hash
@@ -135,18 +145,76 @@ class _Plan:
         n = min(cfg.data.num_shards, len(items))
         self.pieces = [items[i * len(items) // n : (i + 1) * len(items) // n] for i in range(n)]
         self.metas = [_meta(cfg, stage_key, i, n, len(piece)) for i, piece in enumerate(self.pieces)]
+        self.hidden = verifier_hidden(cfg) if cfg.data.feature_layers else None
 
     def problems(self) -> dict[int, str | None]:
-        return {m.shard: check_shard(self.folder / shard_name(m.shard, m.num_shards), m) for m in self.metas}
+        """Per shard, None when it is done (its parquet shard and, with ``data.feature_layers``, its feature file),
+        else the reason it is not; a shard is regenerated whole (rows and features) when either is not right."""
+        out = {}
+        for m in self.metas:
+            problem = check_shard(self.folder / shard_name(m.shard, m.num_shards), m)
+            if problem is None and self.cfg.data.feature_layers:
+                wanted = _feature_meta(self.cfg, m, self.hidden)
+                problem = check_features(self.folder / feature_name(m.shard, m.num_shards), wanted)
+                problem = None if problem is None else f"{problem} (its verifier features)"
+            out[m.shard] = problem
+        return out
 
     def describe(self, todo: list[int]) -> str:
         cfg, n = self.cfg, len(self.pieces)
         mean_prompt = sum(len(p) for p in self.prompts) / max(1, len(self.prompts))
         est = estimate(sum(map(len, self.pieces)), mean_prompt, cfg.data.max_new_tokens, cfg.data.topk_logprobs)
+        features = ""
+        if cfg.data.feature_layers:
+            layers, hidden = len(cfg.data.feature_layers), self.hidden
+            size = format_bytes(feature_bytes(est["tokens"], layers, hidden))
+            features = f" + verifier features of {layers} layers x {hidden} in float16, at most {size}"
         return (
             f"trajectories: {len(self.records)} prompts x {cfg.data.samples_per_prompt} samples = {est['rows']} rows "
-            f"in {n} shards, at most {est['tokens']:,} tokens / {format_bytes(est['bytes'])}; {n - len(todo)} shards "
-            f"already done, generating {len(todo)} -> {self.folder}"
+            f"in {n} shards, at most {est['tokens']:,} tokens / {format_bytes(est['bytes'])}{features}; "
+            f"{n - len(todo)} shards already done, generating {len(todo)} -> {self.folder}"
+        )
+
+
+def verifier_hidden(cfg: DictConfig) -> int:
+    """The verifier's hidden size, from its config (nothing is built)."""
+    from streakline.models import locate
+    from streakline.models.checkpoint import read_config
+
+    node = cfg.model.verifier
+    return int(read_config(locate(node, "verifier"), node.family).hidden_size)
+
+
+def check_features_fit(cfg: DictConfig) -> None:
+    """Refuse ``data.feature_layers`` that cannot be stored, before any work: another backend than ``native`` (the
+    features come from the project's own verifier forward), a layer id past the verifier's last, or an estimated
+    size (every row at ``data.max_new_tokens``) past ``data.max_feature_gb``."""
+    from streakline.models import locate
+    from streakline.models.checkpoint import read_config
+
+    data, node = cfg.data, cfg.model.verifier
+    if data.backend != "native":
+        raise ConfigError(
+            f"data.feature_layers needs the native backend (the features come from its verifier forward), not "
+            f"data.backend={data.backend}; set data.backend=native or data.feature_layers=[]"
+        )
+    config = read_config(locate(node, "verifier"), node.family)
+    if max(data.feature_layers) > config.num_layers:
+        raise ConfigError(
+            f"data.feature_layers={list(data.feature_layers)}: the verifier has {config.num_layers} layers, so ids "
+            f"run from 0 (the embeddings) to {config.num_layers} (the last layer's output); pick ids in that range"
+        )
+    records = prompt_mix(cfg)
+    prompts = encode_prompts(cfg, required_tokenizer(cfg, "verifier", "trajectories"), records)
+    rows = len(prompts) * data.samples_per_prompt
+    tokens = data.samples_per_prompt * sum(len(p) for p in prompts) + rows * data.max_new_tokens
+    size = feature_bytes(tokens, len(data.feature_layers), config.hidden_size)
+    if size > data.max_feature_gb * 1e9:
+        raise ConfigError(
+            f"the verifier features would take up to {format_bytes(size)} ({rows} rows, {tokens:,} tokens x "
+            f"{len(data.feature_layers)} layers x {config.hidden_size} x 2 B), past data.max_feature_gb="
+            f"{data.max_feature_gb}; raise data.max_feature_gb, or store fewer rows (data.max_prompts) or tokens "
+            "(data.max_new_tokens)"
         )
 
 
@@ -266,6 +334,18 @@ def _meta(cfg: DictConfig, key: dict, shard: int, n_shards: int, rows: int) -> S
     )
 
 
+def _feature_meta(cfg: DictConfig, shard: ShardMeta, hidden: int | None = None) -> FeatureMeta:
+    """What the feature file beside ``shard`` must say: its rows, the layers, the verifier's width, its config."""
+    return FeatureMeta(
+        shard=shard.shard,
+        num_shards=shard.num_shards,
+        rows=shard.rows,
+        layers=tuple(cfg.data.feature_layers),
+        hidden=verifier_hidden(cfg) if hidden is None else hidden,
+        config_hash=shard.config_hash,
+    )
+
+
 def _job(cfg: DictConfig, key: dict) -> dict[str, Any]:
     """Everything a worker needs, as plain data (it crosses a process boundary)."""
     return {
@@ -332,7 +412,7 @@ class ShardWorker:
         from streakline.models import build, locate
 
         cfg = OmegaConf.create(job["cfg"])
-        self.job, self.work = job, work
+        self.job, self.work, self.cfg, self.verifier = job, work, cfg, None
         tokenizer = role_tokenizer(cfg, "verifier")
         data = cfg.data
         settings = SampleSettings(
@@ -355,6 +435,7 @@ class ShardWorker:
         else:
             verifier = build(cfg.model.verifier, "verifier", device=device(), inference=True)
             self.backend = BACKENDS["native"](verifier, settings, tokenizer)
+            self.verifier = verifier  # its layer states are the stored features (data.feature_layers)
         self.seed = cfg.seed
 
     def run(self, shard: int) -> dict[str, Any]:
@@ -378,5 +459,13 @@ class ShardWorker:
             if meta.topk:
                 row["topk_ids"], row["topk_logprobs"] = s.topk_ids, s.topk_logprobs
             rows.append(row)
+        if self.cfg.data.feature_layers:
+            # before the shard: a shard on disk without its features is regenerated whole anyway (problems())
+            from streakline.alignment.dflash import verifier_features
+
+            seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in rows]
+            layers = tuple(self.cfg.data.feature_layers)
+            feats = verifier_features(self.verifier, seqs, layers, batch_size=self.cfg.data.batch_size)
+            write_features(folder, feats, _feature_meta(self.cfg, meta, self.verifier.config.hidden_size))
         write_shard(folder, rows, meta)
         return {"rows": len(rows), "tokens": sum(len(s.completion_ids) for s in samples)}

@@ -199,3 +199,89 @@ def test_wrong_pairings_are_refused_with_the_fix(world, dflash_run):
         _decode(world, "decoder=dflash_draft", f"model.drafter.path={folder}", f"model.verifier.path={other}", prompt)
     with pytest.raises(ConfigError, match="pick the DFlash preset made for model.verifier=micro-verifier"):
         _cfg(world, "decode", "model.drafter=tiny-dflash")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# offline features (docs/dflash.md, Offline features): stage=trajectories stores the verifier's states at the
+# drafter's layers, stage=distill trains from them
+
+FEATURES = "data.feature_layers=[1,2]"  # micro-dflash's target_layer_ids
+SHORT = ["method=dflash_ce", "trainer.max_steps=2", "trainer.eval_prompts=0"]
+
+
+def _losses(run: Path) -> list[float]:
+    return [x["loss"] for x in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in x]
+
+
+def test_stored_features_are_the_verifiers_states_and_train_like_online(world, capsys):
+    from streakline.alignment.dflash import verifier_features
+    from streakline.data.trajectories import StoredFeatures, feature_name, load_trajectories
+
+    capsys.readouterr()
+    res = run_stage(_cfg(world, "trajectories", FEATURES))
+    assert "verifier features of 2 layers x 64 in float16, at most" in capsys.readouterr().out
+    shards = res.artifact
+    assert sorted(p.name for p in shards.glob("features-*")) == [feature_name(0, 2), feature_name(1, 2)]
+    stored = StoredFeatures(shards)
+    dataset = load_trajectories(shards)
+    assert stored.layers == (1, 2) and stored.rows == len(dataset) == 16
+    # every row's features are the verifier's states at layers 1 and 2, recomputed here one row at a time
+    verifier = build(attach_world(_cfg(world, "trajectories"), False).model.verifier, "verifier", inference=True)
+    for i in (0, 15):
+        seq = dataset[i]["prompt_ids"] + dataset[i]["completion_ids"]
+        (alone,) = verifier_features(verifier, [seq], (1, 2), dtype=torch.float32)
+        assert stored.row(i).shape == (len(seq), 128)
+        torch.testing.assert_close(
+            torch.from_numpy(stored.row(i)).float(), torch.from_numpy(alone), atol=1e-2, rtol=1e-3
+        )
+    # a missing feature file makes its shard incomplete: a rerun regenerates that shard alone, identically
+    before = (shards / feature_name(1, 2)).read_bytes()
+    (shards / feature_name(1, 2)).unlink()
+    again = run_stage(_cfg(world, "trajectories", FEATURES))
+    assert again.folder == res.folder and again.details["generated_shards"] == [1]
+    assert (shards / feature_name(1, 2)).read_bytes() == before
+
+    # distill from the stored features and online from the same trajectories: the same run but for the key, and the
+    # same losses up to float16 rounding of the features
+    offline = run_stage(_cfg(world, "distill", DFLASH, FEATURES, *SHORT, "method.features=stored"))
+    online = run_stage(_cfg(world, "distill", DFLASH, FEATURES, *SHORT))
+    assert offline.folder != online.folder
+    a, b = _losses(offline.folder), _losses(online.folder)
+    assert len(a) == len(b) == 2 and a != b
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-3, atol=1e-3)
+    assert json.loads((offline.artifact / "config.json").read_text())["aux_hidden_state_layer_ids"] == [1, 2]
+
+
+def test_new_feature_settings_at_their_defaults_leave_run_keys_alone(world):
+    from streakline.pipelines.common.lookup import trajectories_key
+    from streakline.pipelines.distill import STAGE as DISTILL
+
+    cfg = attach_world(_cfg(world, "distill", DFLASH, "method=dflash_ce"), False)
+    data = trajectories_key(cfg, "0" * 12)["data"]
+    assert (
+        "feature_layers" not in data and "max_feature_gb" not in data and "features" not in DISTILL.key(cfg)["method"]
+    )
+    stored = attach_world(_cfg(world, "distill", DFLASH, FEATURES, "method=dflash_ce", "method.features=stored"), False)
+    assert trajectories_key(stored, "0" * 12)["data"]["feature_layers"] == [1, 2]
+    assert DISTILL.key(stored)["method"]["features"] == "stored"
+
+
+@pytest.mark.parametrize(
+    ("stage", "overrides", "match"),
+    [
+        ("distill", [DFLASH, "method.features=stored"], r"set data.feature_layers=\[1,2\] in stage=trajectories"),
+        ("distill", [DFLASH, "data.feature_layers=[2]", "method.features=stored"], r"are \[2\]: set"),
+        ("distill", [FEATURES, "method.features=stored"], "the diffusion drafter reads none"),
+        ("distill", [DFLASH, FEATURES, "method=distillspec", "method.teacher=online", "method.features=stored"],
+         "use method.teacher=stored"),
+        ("distill", [DFLASH, "method.features=offline"], "choose one of: online, stored"),
+        ("trajectories", [FEATURES, "data.max_feature_gb=1e-6"], "past data.max_feature_gb=1e-06; raise"),
+        ("trajectories", ["data.feature_layers=[3]"], "the verifier has 2 layers"),
+        ("trajectories", ["data.feature_layers=[1,1]"], "must be distinct layer ids"),
+    ],
+)  # fmt: skip
+def test_feature_refusals_name_the_fix_before_any_folder(world, stage, overrides, match):
+    before = _folders(world)
+    with pytest.raises(ConfigError, match=match):
+        run_stage(_cfg(world, stage, *overrides))
+    assert _folders(world) == before

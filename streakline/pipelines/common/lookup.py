@@ -57,11 +57,12 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
         if data.get(key) == default:
             data.pop(key)
     data.pop("allow_eval_overlap", None)  # a permission: the rows do not depend on it
+    data.pop("max_feature_gb", None)  # a limit on disk use: neither the rows nor the features depend on it
     return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
 
 
 # ``data`` fields added after trajectories existed, with the default that reproduces what runs did before them.
-LATER_DATA_DEFAULTS = {"long_prompts": "error", "fields": {}}
+LATER_DATA_DEFAULTS = {"long_prompts": "error", "fields": {}, "feature_layers": []}
 
 
 def trajectories_dir(cfg: DictConfig) -> Path:

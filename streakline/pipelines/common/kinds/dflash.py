@@ -6,7 +6,9 @@ token (``method.gamma`` may only repeat that width), through ``alignment.dflash.
 always built on the training device, since its layer states are the drafter's input and its embedding and head the
 drafter's own. Every export is a ``speculators`` DFlash folder (``save_dflash``, what ``vllm serve`` reads) naming
 the verifier; one built from scratch also keeps the weights it started from in ``init/``, which stage=evaluate
-decodes as ``dflash:base``. LoRA and on-policy labels are refused.
+decodes as ``dflash:base``. LoRA and on-policy labels are refused. With ``method.features=stored`` it trains on the
+verifier layer states stage=trajectories stored (``data.feature_layers`` = its ``target_layer_ids``) instead of a
+verifier forward per step (``stored_features``); the verifier is still built, for its embedding and head.
 """
 
 from __future__ import annotations
@@ -38,11 +40,54 @@ class DFlashKind(DrafterKind):
                 f"method.onpolicy_mix={cfg.method.onpolicy_mix}: on-policy labels are drafted by the diffusion "
                 "drafters' training module, which DFlash training does not use; set method.onpolicy_mix=0"
             )
+        if cfg.method.features == "stored":
+            self._check_stored(cfg, dflash)
         if cfg.trainer.lora.enabled:
             raise ConfigError(
                 "trainer.lora.enabled=true: a DFlash drafter is a few layers and trains whole (its export holds only "
                 "its own layers); set trainer.lora.enabled=false"
             )
+
+    def _check_stored(self, cfg: DictConfig, dflash) -> None:
+        """``method.features=stored`` needs trajectories made with the drafter's layers, and a loss that needs no
+        verifier logits beyond the stored top-k (stored features give none)."""
+        from streakline.alignment.losses import TEACHER_LOSSES
+
+        ids = list(dflash.target_layer_ids)
+        layers = list(cfg.data.feature_layers)
+        if layers != ids:
+            have = "store none" if not layers else f"are {layers}"
+            raise ConfigError(
+                f"method.features=stored reads the verifier states of the drafter's target_layer_ids {ids}, but "
+                f"data.feature_layers {have}: set data.feature_layers=[{','.join(map(str, ids))}] in stage="
+                "trajectories and in this stage, or use method.features=online"
+            )
+        if cfg.method.loss in TEACHER_LOSSES and cfg.method.teacher == "online":
+            raise ConfigError(
+                f"method={cfg.method.name} with method.teacher=online needs the verifier's logits every step, which "
+                "stored features do not give: use method.teacher=stored (trajectories with data.topk_logprobs) or "
+                "method.features=online"
+            )
+
+    def stored_features(self, cfg: DictConfig):
+        """The verifier features stored beside this run's trajectories (``data.trajectories.StoredFeatures``),
+        refused (ConfigError with the fix) when there are none or they hold other layers than the drafter reads."""
+        from streakline.data.trajectories import StoredFeatures, TrajectoryError
+
+        from ..lookup import trajectories_dir
+
+        ids = tuple(_config(cfg).target_layer_ids)
+        fix = f"rerun stage=trajectories with data.feature_layers=[{','.join(map(str, ids))}]"
+        try:
+            features = StoredFeatures(trajectories_dir(cfg))
+        except TrajectoryError as e:
+            raise ConfigError(f"method.features=stored: {e}") from e
+        if features.layers != ids:
+            raise ConfigError(
+                f"method.features=stored: the trajectories hold the verifier states of layers {list(features.layers)}"
+                f", the drafter reads {list(ids)}; {fix}, or use method.features=online"
+            )
+        return features
 
     def gamma(self, cfg: DictConfig) -> int:
         """Its block size - 1 (``check`` refuses another ``method.gamma``)."""
