@@ -274,6 +274,9 @@ class TrainerConfig:
     grad_accum: int = 1
     grad_clip: float = 1.0
     activation_checkpointing: bool = False
+    # A standalone drafter's embedding and head (one matrix when tied) stay as they start: a drafter cut from its
+    # verifier (model=smol) keeps the verifier's, which are 28M of its 42M parameters, and trains only its layers.
+    freeze_embeddings: bool = False
     save_every: int = 500
     # DeepSpeed checkpoints (deepspeed/step-*, the optimizer state: ~120 GB at 7B) kept after each save; None: all
     keep_last: int | None = 2

@@ -112,6 +112,8 @@ class Distill(Stage):
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
         for k in CADENCE:
             trainer.pop(k, None)
+        if not trainer.get("freeze_embeddings", True):  # added later: unset, earlier runs keep their folders
+            del trainer["freeze_embeddings"]
         # A run extended from another starts from that checkpoint, so the checkpoint (resolved: a run folder's
         # `latest` tag) is part of the key; unset, the key leaves it out and folders of earlier runs keep their hash.
         if trainer.pop("resume_from", None):

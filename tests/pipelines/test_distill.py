@@ -125,6 +125,22 @@ def test_lora_exports_a_merged_checkpoint(world):
     )
 
 
+def test_frozen_embeddings_train_only_the_layers(world, streak_run):
+    res = _distill(world, "distill-data", "method=ce_streak", "trainer.freeze_embeddings=true",
+                   "trainer.max_steps=4", "trainer.save_every=4", "trainer.eval_every=4")  # fmt: skip
+    trained = _weights(res.artifact)
+    from streakline.world import attach_world
+
+    base = attach_world(compose_config(["stage=distill", *_overrides(world, "distill-data")]), progress=False)
+    start = _weights(base.model.drafter.path)
+    changed = {k for k in trained if not torch.equal(trained[k], start[k])}
+    assert "embed.weight" not in changed and "lm_head.weight" not in changed
+    assert any(k.startswith("layers.") for k in changed)
+    assert "freeze_embeddings" in read_manifest(Path(res.artifact).parent).config["trainer"]
+    # unset, the knob is not in the key: runs from before it existed keep their folders
+    assert "freeze_embeddings" not in read_manifest(Path(streak_run.artifact).parent).config["trainer"]
+
+
 def test_a_transformers_checkpoint_exports_as_a_drop_in_copy(world, tmp_path):
     """A drafter warm-started from a checkpoint transformers wrote (bf16, sharded, no private config block, no
     tokenizer) exports as that folder with new weights: same config.json and shards, loadable by transformers."""

@@ -39,6 +39,10 @@ class StandaloneKind(DrafterKind):
         mask_id = drafter.config.mask_token_id
         if mask_id is None:
             mask_id = _add_mask_token(cfg, drafter, tokenizer)
+        if cfg.trainer.freeze_embeddings:  # the layers train; the embedding and head stay the ones it started with
+            drafter.embed.weight.requires_grad_(False)
+            if drafter.lm_head is not None:
+                drafter.lm_head.weight.requires_grad_(False)
         if cfg.trainer.lora.enabled:
             drafter = with_lora(drafter, cfg.trainer.lora)
         drafter.gradient_checkpointing = cfg.trainer.activation_checkpointing
