@@ -165,7 +165,7 @@ class TrajectoryWindows:
 
     dataset: columns ``prompt_ids`` and ``completion_ids`` (lists of ids) and, for ``teacher=True``, ``topk_ids`` and
     ``topk_logprobs`` ``[completion tokens][k]`` (``streakline.data.trajectories.load_trajectories``).
-    features: the verifier layer states stored beside those shards (``data.trajectories.StoredFeatures``: ``row(i)``
+    features: the verifier layer states stored beside those shards (``data.features.StoredFeatures``: ``row(i)``
     ``[tokens of row i, L*H]``), carried in every batch as ``WindowBatch.features``; None: none.
 
     Offsets are ``i = max(P, 1) + n*stride < len(seq)``: a window needs at least one prefix token (a shifted

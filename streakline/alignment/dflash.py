@@ -212,7 +212,7 @@ def verifier_features(
     array (``dtype``) per sequence, from no-grad forwards over ``batch_size`` right-padded sequences at a time,
     positions 0 .. n-1 and padding masked, as ``slot_hidden`` runs the verifier online (causal attention: what
     follows a token, padding or the rest of the row, changes nothing of its state). What stage=trajectories stores
-    with ``data.feature_layers`` (``data.trajectories.write_features``)."""
+    with ``data.feature_layers`` (``data.features.write_features``)."""
     dev = verifier.embed.weight.device
     out = []
     for start in range(0, len(seqs), batch_size):

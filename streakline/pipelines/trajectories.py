@@ -42,19 +42,15 @@ from tqdm import tqdm
 from streakline.artifacts import StageRun, config_hash
 from streakline.config import ConfigError
 from streakline.data.benchmarks import parse_source
+from streakline.data.features import FeatureMeta, check_features, feature_bytes, feature_name, write_features
 from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (
-    FeatureMeta,
     ShardMeta,
-    check_features,
     check_shard,
     estimate,
-    feature_bytes,
-    feature_name,
     format_bytes,
     load_trajectories,
     shard_name,
-    write_features,
     write_shard,
 )
 

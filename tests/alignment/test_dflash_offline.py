@@ -1,5 +1,5 @@
 """DFlash training from stored verifier features (``method.features=stored``, docs/dflash.md, Offline features):
-features written with ``data.trajectories.write_features`` beside real shards, read back by ``StoredFeatures`` into
+features written with ``data.features.write_features`` beside real shards, read back by ``StoredFeatures`` into
 ``TrajectoryWindows`` batches, give ``DFlashTrainModule`` the loss and gradients of online training (exactly with
 float32 features, within float16 rounding with half precision) without a verifier forward; wrong files are refused.
 
@@ -15,16 +15,18 @@ import torch
 from streakline.alignment.data import TrajectoryWindows
 from streakline.alignment.dflash import DFlashTrainModule, verifier_features
 from streakline.alignment.losses import LossSettings
-from streakline.data.trajectories import (
+from streakline.data.features import (
     FeatureMeta,
-    ShardMeta,
     StoredFeatures,
-    TrajectoryError,
     check_features,
     feature_bytes,
     feature_name,
-    load_trajectories,
     write_features,
+)
+from streakline.data.trajectories import (
+    ShardMeta,
+    TrajectoryError,
+    load_trajectories,
     write_shard,
 )
 from tests.alignment.test_dflash_training import BLOCK, MASK, _drafter, _rows, _verifier

@@ -215,7 +215,8 @@ def _losses(run: Path) -> list[float]:
 
 def test_stored_features_are_the_verifiers_states_and_train_like_online(world, capsys):
     from streakline.alignment.dflash import verifier_features
-    from streakline.data.trajectories import StoredFeatures, feature_name, load_trajectories
+    from streakline.data.features import StoredFeatures, feature_name
+    from streakline.data.trajectories import load_trajectories
 
     capsys.readouterr()
     res = run_stage(_cfg(world, "trajectories", FEATURES))

@@ -70,9 +70,10 @@ class DFlashKind(DrafterKind):
             )
 
     def stored_features(self, cfg: DictConfig):
-        """The verifier features stored beside this run's trajectories (``data.trajectories.StoredFeatures``),
+        """The verifier features stored beside this run's trajectories (``data.features.StoredFeatures``),
         refused (ConfigError with the fix) when there are none or they hold other layers than the drafter reads."""
-        from streakline.data.trajectories import StoredFeatures, TrajectoryError
+        from streakline.data.features import StoredFeatures
+        from streakline.data.trajectories import TrajectoryError
 
         from ..lookup import trajectories_dir
 
