@@ -20,7 +20,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from streakline.artifacts import check_run_root
+from streakline.artifacts import check_run_root, disk_full_error, is_disk_full
 from streakline.config import (
     CONF_DIR,
     Config,
@@ -85,6 +85,12 @@ def _app(cfg: DictConfig) -> None:
     except UserError as err:
         # input the user can fix (a bad combination of settings, a missing checkpoint): a message, not a traceback
         _fail_with(err)
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        # a full disk met by a write that does not say so itself (DeepSpeed's checkpoint, a library's save)
+        where = err.filename or cfg.run_root
+        _fail_with(disk_full_error(where, err, folder=not err.filename))
 
 
 def _submitted(hydra_cfg) -> bool:
@@ -122,7 +128,7 @@ def _run_root(args: list[str]) -> str:
 
 def _check_slurm(args: list[str]) -> None:
     """Refuse ``-m launcher=slurm`` on a machine without Slurm's commands, before Hydra's submitit launcher fails on
-    it with a 25-line traceback."""
+    it with a 25-line traceback, and a job that the plan says cannot fit (``planning/gate.py``)."""
     import shutil
 
     multirun = any(a in ("-m", "--multirun") for a in args)
@@ -134,6 +140,9 @@ def _check_slurm(args: list[str]) -> None:
                 f"launcher=slurm submits with Slurm, but {' and '.join(missing)} {verb} not on this machine's PATH: "
                 "run from a Slurm login node (or load its module), or drop launcher=slurm to run here"
             )
+        from streakline.planning.gate import check_submission
+
+        check_submission(args)  # a job that cannot fit the nodes it asks for is refused before sbatch (launcher.plan)
 
 
 def _take_debug_flag(argv: list[str]) -> None:
@@ -159,8 +168,20 @@ def _fail_with(err: UserError, prefix: str = "") -> None:
 
 
 def _fail(message: str) -> None:
+    _close_progress_bars()
     print(f"streakline: {message}", file=sys.stderr)
     if os.environ.get("SUBMITIT_EXECUTOR"):  # a submitit job returns exceptions to its driver; SystemExit would hang it
         raise RuntimeError(f"streakline: {message}")
     # SystemExit is not an Exception, so Hydra's error reporter lets it through with our status intact.
     raise SystemExit(USAGE_ERROR)
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars a refused stage left open (a full disk mid-shard), so that the message starts a line
+    of its own instead of trailing the bar's last redraw."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or ()):
+        try:
+            bar.close()
+        except Exception:  # a bar that cannot redraw must not cost the message
+            pass

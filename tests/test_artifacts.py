@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -298,3 +299,122 @@ def test_package_versions_skips_missing_packages():
     versions = artifacts.package_versions(["pytest", "surely-not-an-installed-package-xyz"])
     assert set(versions) == {"pytest"} and versions["pytest"] == pytest.__version__
     assert set(artifacts.package_versions()) <= set(artifacts.DEFAULT_PACKAGES)
+
+
+# --- one writer per run folder (docs/artifacts.md, Locks) ---------------------------------------------------------
+
+# A child that holds a run folder's lock: ``StageRun`` on argv[1], prints "held <pid>", waits for the file argv[2],
+# then finishes the run (writes a complete manifest). With argv[3] == "fork", it first forks a child that keeps the
+# lock's descriptor (as a forked data-loader worker would), prints its PID and sleeps.
+HOLDER = """
+import os, sys, time
+from streakline.artifacts import StageRun
+with StageRun(sys.argv[1], "exp", "train", {"a": 1}) as run:
+    if len(sys.argv) > 3 and sys.argv[3] == "fork":
+        child = os.fork()
+        if child == 0:
+            time.sleep(120)
+            os._exit(0)
+        print("child", child, flush=True)
+    print("held", os.getpid(), flush=True)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.02)
+"""
+
+
+def _holder(tmp_path: Path, *extra: str, env: dict | None = None) -> tuple[subprocess.Popen, dict[str, int]]:
+    import os
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path / "runs"), str(tmp_path / "go"), *extra],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    said = {}
+    while "held" not in said:
+        line = proc.stdout.readline()
+        assert line, f"the holder exited early with {proc.wait()}"
+        word, pid = line.split()
+        said[word] = int(pid)
+    return proc, said
+
+
+def test_a_second_writer_of_a_run_folder_refuses_naming_the_holder(tmp_path):
+    import socket
+
+    proc, said = _holder(tmp_path)
+    try:
+        with pytest.raises(artifacts.RunLockedError) as err:
+            with StageRun(tmp_path / "runs", "exp", "train", {"a": 1}):
+                pytest.fail("a second writer got in")
+        message = str(err.value)
+        assert "\n" not in message and "is being written by another process" in message
+        assert f"PID {said['held']}" in message and socket.gethostname() in message and "running since 20" in message
+        assert isinstance(err.value, ArtifactError) and not err.value.same_job
+        run = artifacts.run_path(tmp_path / "runs", "exp", "train", artifacts.config_hash({"a": 1}))
+        assert [p.name for p in run.iterdir()] == [artifacts.LOCK_NAME]  # the refused run wrote nothing there
+    finally:
+        (tmp_path / "go").touch()
+        assert proc.wait(timeout=30) == 0
+    assert artifacts.read_manifest(run).status == "complete"
+    assert not (run / artifacts.LOCK_NAME).exists()  # released: the folder holds the run's files only
+    with StageRun(tmp_path / "runs", "exp", "train", {"a": 1}) as again:  # and the folder is free again
+        assert (again.dir / artifacts.LOCK_NAME).is_file()
+
+
+def test_a_killed_holder_never_blocks_a_rerun(tmp_path):
+    import signal
+
+    proc, _ = _holder(tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    run = artifacts.run_path(tmp_path / "runs", "exp", "train", artifacts.config_hash({"a": 1}))
+    assert (run / artifacts.LOCK_NAME).is_file()  # left behind, but no process holds it any more
+    with StageRun(tmp_path / "runs", "exp", "train", {"a": 1}) as rerun:
+        assert artifacts.lock_holder(rerun.dir)["pid"] != proc.pid
+    assert artifacts.read_manifest(run).status == "complete"
+
+
+def test_the_lock_of_a_dead_holder_is_broken_even_while_a_forked_child_keeps_it(tmp_path):
+    import os
+    import signal
+
+    proc, said = _holder(tmp_path, "fork")
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        os.kill(said["child"], 0)  # alive, and its inherited descriptor still holds the flock
+        with StageRun(tmp_path / "runs", "exp", "train", {"a": 1}) as rerun:
+            assert artifacts.lock_holder(rerun.dir)["pid"] == os.getpid()
+            with pytest.raises(artifacts.RunLockedError):  # and it is this process's now, not up for grabs
+                artifacts.RunLock(rerun.dir).acquire()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(said["child"], signal.SIGKILL)
+
+
+def test_the_ranks_of_one_torchrun_job_share_its_lock_and_no_other_job_joins(tmp_path, monkeypatch):
+    job = {"RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "a"}
+    proc, said = _holder(tmp_path, env=job)  # rank 0 of job a
+    try:
+        run = artifacts.run_path(tmp_path / "runs", "exp", "train", artifacts.config_hash({"a": 1}))
+        for key, value in {**job, "RANK": "1"}.items():
+            monkeypatch.setenv(key, value)
+        artifacts.wait_for_job_lock(run, timeout=5)  # rank 1 of job a: rank 0 holds it for the job; go on
+        with pytest.raises(artifacts.RunLockedError) as err:  # a rank of job a taking it itself: the job's own lock
+            StageRun(tmp_path / "runs", "exp", "train", {"a": 1}).__enter__()
+        assert err.value.same_job and err.value.holder["pid"] == said["held"]
+        monkeypatch.setenv("MASTER_PORT", "29512")  # rank 1 of another job on the same folder: never joins
+        with pytest.raises(artifacts.RunLockedError, match="did not take the lock"):
+            artifacts.wait_for_job_lock(run, timeout=0.5, poll=0.05)
+    finally:
+        (tmp_path / "go").touch()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_a_refused_run_leaves_no_lock_and_no_folder(tmp_path):
+    with pytest.raises(ConfigError):
+        with StageRun(tmp_path, "exp", "train", {"a": 2}) as run:
+            assert (run.dir / artifacts.LOCK_NAME).is_file()
+            raise ConfigError("bad setting")
+    assert list(tmp_path.iterdir()) == []

@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from streakline.artifacts import DiskFullError, read_manifest
 from streakline.config import compose_config
+from streakline.hashing import sha256_cache
 from streakline.pipelines import run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +75,14 @@ CASES = [
     case("decode without a prompt", ["stage=decode", "decoder=vanilla"], "stage=decode needs exactly one of",
          "prompt_ids=[1,2,3]"),
     case("bad debug flag", [*DECODE, "debug=maybe"], "debug=maybe is not valid", "debug=true"),
+    case("word for a step count", ["stage=distill", *DATA, "trainer.max_steps=abc"],
+         "trainer.max_steps=abc is not valid", "takes an integer"),
+    case("word for a learning rate", ["stage=distill", *DATA, "trainer.lr=abc"], "trainer.lr=abc is not valid",
+         "takes a number"),
+    case("fraction for an integer", [*DECODE, "decoder.K=1.5"], "decoder.K=1.5 is not valid", "takes an integer"),
+    case("hub id where a preset goes", [*DECODE, "model.verifier=org/name"], "'org/name' is not a checkpoint preset",
+         "use model.verifier.hub_id=org/name"),
+    case("top_p of zero", ["stage=trajectories", *DATA, "data.top_p=0"], "data.top_p=0", "(0, 1]"),
     # ------------------------------------------------------------------ checkpoints
     case("verifier path missing", [*DECODE, "model.verifier.path={bad}/nowhere"],
          "nowhere is not a checkpoint folder (no config.json there)", "a folder written by save_pretrained"),
@@ -84,6 +94,9 @@ CASES = [
          "fetch them again"),
     case("weights cut short", [*DECODE, "model.verifier.path={bad}/cut"], "cannot read the weights in",
          "copy or download it again"),
+    case("unknown model_type", [*DECODE, "model.verifier.path={bad}/mistral"],
+         "model_type 'mistral' is not a family streakline reads", "llama (llama)",
+         "model.verifier.family=<family>"),
     case("resume from nothing", ["stage=distill", *DATA, "trainer.resume_from={bad}/nowhere"],
          "trainer.resume_from=", "give a distill run folder"),
     # ------------------------------------------------------------------ tokenizers
@@ -100,6 +113,9 @@ CASES = [
          "empty.jsonl has no records", "one JSON object per line"),
     case("malformed prompt file", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/malformed.jsonl]"],
          "malformed.jsonl:2 is not valid JSON"),
+    case("many malformed lines", ["stage=trajectories", *FILES,
+         "data.prompt_sources=[gsm8k@{bad}/many_malformed.jsonl]"], "many_malformed.jsonl:2 is not valid JSON",
+         "nor are lines 4, 6, 8", ", 40 and 5 more (25 malformed lines)", "data.skip_bad_lines=true"),
     case("non-UTF-8 prompt file", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/latin1.jsonl]"],
          "latin1.jsonl:1 is not UTF-8", "iconv"),
     case("prompt file without the fields", ["stage=trajectories", *FILES,
@@ -107,6 +123,9 @@ CASES = [
          "needs prompt from 'question'"),
     case("prompt file of numbers", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/numbers.json]"],
          "record 0 is not an object with named fields"),
+    case("system-only chat row", ["stage=trajectories", *FILES,
+         "data.prompt_sources=[conversations@{bad}/system_only.jsonl]"], "row 0: no user turn in it",
+         "its turns are system only"),
     case("prompt file missing", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/nowhere.jsonl]"],
          "no benchmark file at", "check the path"),
     case("prompt parquet damaged", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/cut.parquet]"],
@@ -156,15 +175,24 @@ CASES = [
          "set run_root=<a writable folder>"),
     case("vllm backend without vllm", ["stage=trajectories", "data.backend=vllm"], "data.backend=vllm needs",
          "data.backend=native"),
+    case("a GPU that is not there", [*DECODE, "model.verifier.devices=[cuda:0]"],
+         "model.verifier.devices=[cuda:0] names cuda:0, but this machine has no GPU",
+         "model.verifier.devices=null"),
+    case("two GPUs that are not there", [*DECODE, "model.verifier.devices=[cuda:0,cuda:1]"],
+         "model.verifier.devices=[cuda:0,cuda:1] names cuda:0", "model.verifier.devices=null"),
+    case("disk full writing the first shard", ["stage=trajectories", *DATA, "experiment.name=full"],
+         "the disk is full: writing shard-00000-of-00002.parquet in", "free there", "free some space there",
+         env={"STREAKLINE_DISK_FULL_AT": "atomic:shard-00000-of-00002.parquet"}),
 ]  # fmt: skip
 
 
 def _tree(root: Path) -> dict[str, str]:
-    """Every file and folder under ``root`` but Hydra's logs, with a content hash for files."""
+    """Every file and folder under ``root`` but Hydra's logs and the file-hash cache (``hashing.sha256_cache``: what
+    a data file hashed to, kept by path, size and mtime; no artifact), with a content hash for files."""
     out = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if rel == "hydra" or rel.startswith("hydra/"):
+        if rel == "hydra" or rel.startswith("hydra/") or rel == sha256_cache(root).name:
             continue
         out[rel] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
     return out
@@ -175,8 +203,11 @@ def _bad_files(bad: Path, world: Path) -> None:
     (bad / "empty_dir").mkdir()
     (bad / "empty.jsonl").write_text("")
     (bad / "malformed.jsonl").write_text('{"question": "a", "answer": "b"}\n{not json\n')
+    good, broken = '{"question": "q", "answer": "a"}', "{not json"
+    (bad / "many_malformed.jsonl").write_text("".join(f"{good}\n{broken}\n" for _ in range(25)))
     (bad / "latin1.jsonl").write_bytes('{"question": "café", "answer": "b"}\n'.encode("latin-1"))
     (bad / "nofields.jsonl").write_text('{"foo": "a"}\n')
+    (bad / "system_only.jsonl").write_text('{"messages": [{"role": "system", "content": "be brief"}]}\n')
     (bad / "numbers.json").write_text("[1, 2]")
     (bad / "cut.parquet").write_bytes(b"PAR1" + b"\0" * 40)
     shutil.copytree(world / "verifier", bad / "shapes")
@@ -184,6 +215,9 @@ def _bad_files(bad: Path, world: Path) -> None:
     (bad / "shapes/config.json").write_text(json.dumps({**config, "hidden_size": config["hidden_size"] * 2}))
     shutil.copytree(world / "verifier", bad / "badjson")
     (bad / "badjson/config.json").write_text('{"model_type": ')
+    shutil.copytree(world / "verifier", bad / "mistral")  # a family of its own name: not one read here
+    config = json.loads((bad / "mistral/config.json").read_text())
+    (bad / "mistral/config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
     shutil.copytree(world / "verifier", bad / "noweights")
     (bad / "noweights/model.safetensors").unlink()
     shutil.copytree(world / "verifier", bad / "cut")
@@ -227,6 +261,8 @@ def catalogue(micro_world, tmp_path_factory):
 def test_a_bad_input_gets_one_line_status_2_and_changes_nothing(catalogue, bad):
     if bad.name == "vllm backend without vllm" and torch.cuda.is_available():
         pytest.skip("a GPU is here, so vLLM may be too")
+    if "GPU" in bad.name and torch.cuda.is_available():
+        pytest.skip("a GPU is here")
     root, places = catalogue
     args = ["model=micro", f"run_root={root}", f"experiment.name={EXPERIMENT}", *(a.format(**places) for a in bad.args)]
     before = _tree(root)
@@ -256,3 +292,110 @@ def test_debug_shows_the_traceback_of_a_user_error(catalogue):
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
     assert debug.returncode != 0 and "Traceback" in debug.stderr
     assert "CheckpointError" in debug.stderr and "_check_shapes" in debug.stderr
+
+
+def _launch(root: Path, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    base = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "STREAKLINE_DEBUG")}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "launch.py"), "model=micro", f"run_root={root}", *args], cwd=ROOT,
+        env={**base, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw,
+    )  # fmt: skip
+
+
+def test_two_runs_of_one_config_at_once_one_writes_and_the_other_refuses(catalogue, tmp_path):
+    """The first run holds its folder's lock (stalled right after taking it); the second, the same command, is refused
+    with one line naming the first's PID and host and changes nothing; the first then finishes alone."""
+    import socket
+
+    root, _ = catalogue
+    args = ["stage=trajectories", *DATA, "experiment.name=lock"]
+    go = tmp_path / "go"
+    stall = {"STREAKLINE_STALL_AT": "run:trajectories:locked", "STREAKLINE_STALL_UNTIL": str(go)}
+    first = _launch(root, *args, env=stall)
+    try:
+        for line in first.stderr:  # wait until it holds the lock
+            if line.startswith("stalled at run:trajectories:locked"):
+                break
+        else:
+            pytest.fail(f"the first run never took the lock: {first.wait()}")
+        before = _tree(root)
+        second = _launch(root, *args)
+        _, err = second.communicate(timeout=300)
+        lines = [line for line in err.splitlines() if line.startswith("streakline:")]
+        assert second.returncode == 2 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+        assert "is being written by another process" in lines[0]
+        assert f"PID {first.pid} on host {socket.gethostname()}, running since 20" in lines[0]
+        assert _tree(root) == before, "the refused run changed the run root"
+    finally:
+        go.touch()
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    (folder,) = (root / "lock" / "trajectories").iterdir()
+    assert read_manifest(folder).status == "complete" and not (folder / ".lock").exists()
+    assert len(list((folder / "shards").glob("shard-*.parquet"))) == 2
+
+
+def test_a_full_disk_mid_run_keeps_the_finished_shard_and_a_rerun_completes(catalogue, monkeypatch):
+    root, _ = catalogue
+    cfg = ["stage=trajectories", "model=micro", f"run_root={root}", *DATA]
+    monkeypatch.setenv("STREAKLINE_DISK_FULL_AT", "atomic:shard-00001-of-00002.parquet")
+    with pytest.raises(DiskFullError, match=r"writing shard-00001-of-00002.parquet in .*shards failed \(.* free"):
+        run_stage(compose_config([*cfg, "experiment.name=full-mid"]))
+    (folder,) = (root / "full-mid" / "trajectories").iterdir()
+    kept = folder / "shards" / "shard-00000-of-00002.parquet"
+    assert kept.is_file() and not (folder / "shards" / "shard-00001-of-00002.parquet").exists()
+    written = kept.stat().st_mtime_ns
+    monkeypatch.delenv("STREAKLINE_DISK_FULL_AT")  # space freed
+    done = run_stage(compose_config([*cfg, "experiment.name=full-mid"]))
+    assert done.folder == folder and not done.cached and kept.stat().st_mtime_ns == written  # kept, not redone
+    (clean,) = (root / EXPERIMENT / "trajectories").iterdir()  # the catalogue's uninterrupted run, same settings
+    for shard in sorted((clean / "shards").glob("shard-*.parquet")):
+        assert (folder / "shards" / shard.name).read_bytes() == shard.read_bytes(), shard.name
+
+
+def test_json_and_jsonl_files_that_start_with_a_byte_order_mark_are_read(tmp_path):
+    from streakline.data import load_source
+
+    bom = "\ufeff"
+    (tmp_path / "bom.jsonl").write_text(bom + '{"question": "a", "answer": "b"}\n{"question": "c", "answer": "d"}\n')
+    (tmp_path / "bom.json").write_text(bom + '[{"question": "a", "answer": "b"}]')
+    (tmp_path / "chat.jsonl").write_text(bom + '{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert [r["prompt"] for r in load_source(f"gsm8k@{tmp_path}/bom.jsonl")] == ["a", "c"]
+    assert [r["reference"] for r in load_source(f"gsm8k@{tmp_path}/bom.json")] == ["b"]
+    assert load_source(f"conversations@{tmp_path}/chat.jsonl")[0]["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_a_run_root_on_a_read_only_filesystem_is_named_as_such(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a read-only filesystem here: {made.stderr.decode().strip()}")
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "launch.py"), "model=micro", f"run_root={mount}", *DECODE], cwd=ROOT,
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("streakline:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert f"run_root={mount} is on a read-only filesystem" in lines[0] and "not writable by this user" not in lines[0]
+
+
+def test_skip_bad_lines_leaves_malformed_lines_out_and_counts_them(catalogue, tmp_path):
+    from streakline.pipelines.common.lookup import trajectories_key
+    from streakline.world import attach_world
+
+    root, _ = catalogue
+    lines = [json.dumps({"question": f"what is {i} + {i}?", "answer": str(2 * i)}) for i in range(3)]
+    (tmp_path / "some_bad.jsonl").write_text("\n".join([lines[0], "{cut", lines[1], "[1, 2", lines[2]]) + "\n")
+    cfg = ["stage=trajectories", "model=micro", f"run_root={root}", "experiment.name=skip", *DATA, *FILES,
+           f"data.prompt_sources=[gsm8k@{tmp_path}/some_bad.jsonl]"]  # fmt: skip
+    done = run_stage(compose_config([*cfg, "data.skip_bad_lines=true"]))
+    assert done.metrics["skipped_bad_lines"] == 2 and done.metrics["rows"] == 3
+    assert read_manifest(done.folder).metrics["skipped_bad_lines"] == 2
+    # in the key only when true: a run that may leave rows out is another run; at false, keys are as before
+    strict, lenient = (attach_world(compose_config([*cfg, f"data.skip_bad_lines={v}"])) for v in ("false", "true"))
+    assert "skip_bad_lines" not in trajectories_key(strict, "tok")["data"]
+    assert trajectories_key(lenient, "tok")["data"]["skip_bad_lines"] is True

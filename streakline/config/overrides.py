@@ -22,10 +22,12 @@ Try it: ``python launch.py --cfg job model.verifier=qwen2.5-72b``.
 
 import dataclasses
 import difflib
+import re
 import sys
 import types
 import typing
 from pathlib import Path
+from typing import Any
 
 from streakline.config.schema import ROLES, STAGE_SCHEMAS, Config
 from streakline.errors import UserError
@@ -81,7 +83,7 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
     for position, arg in overrides:
         key, value = arg.split("=", 1)
         if key in ROLE_KEYS:
-            _check_presets(key, value, presets)
+            _check_presets(key, value, presets, conf_dirs)
             out[position] = f"{CHECKPOINT_GROUP}@{key}={value}"
             continue
         plain = key.lstrip("+")
@@ -100,9 +102,11 @@ def rewrite_overrides(args: list[str], conf_dir: Path) -> list[str]:
             continue
         setting = stage_setting(plain, stage)
         if setting is not None:
+            name, _, rest = setting.partition(".")
+            check_value(plain, value, check_key(rest, root=STAGE_SCHEMAS[name], where=f"stage={name}"))
             out[position] = f"++settings.{setting}={value}"
         elif not _passes_through(plain, groups):
-            check_key(plain, groups)
+            check_value(plain, value, check_key(plain, groups))
     return out
 
 
@@ -160,7 +164,18 @@ def _passes_through(key: str, groups: list[str]) -> bool:
     )
 
 
-def _check_presets(key: str, value: str, presets: list[str]) -> None:
+def _check_presets(key: str, value: str, presets: list[str], conf_dirs: list[Path] = ()) -> None:
+    if "/" in value and "(" not in value and "," not in value:
+        if any((d / CHECKPOINT_GROUP / f"{value}.yaml").is_file() for d in conf_dirs):
+            return  # a preset in a subfolder of conf/checkpoint/
+        if value.startswith(("/", ".", "~")):
+            fix = f"to point the role at a local checkpoint folder use {key}.path={value}"
+        else:
+            fix = f"for a Hugging Face hub id use {key}.hub_id={value}"
+        raise OverrideError(
+            f"'{value}' is not a checkpoint preset ({key}=NAME takes a file of conf/checkpoint/, e.g. "
+            f"{presets[0] if presets else 'tiny-verifier'}); {fix}"
+        )
     _check_option(
         key, value, presets,
         f"a checkpoint preset; {key}=NAME takes one of: {', '.join(presets)}. To point the role at a local folder "
@@ -181,9 +196,10 @@ def _check_option(key: str, value: str, options: list[str], what: str) -> None:
             raise OverrideError(f"'{name}' is not {what}{hint}")
 
 
-def check_key(key: str, groups: list[str] | None = None, root: type = Config, where: str = "") -> None:
+def check_key(key: str, groups: list[str] | None = None, root: type = Config, where: str = "") -> Any:
     """Raise :class:`OverrideError` unless the dotted ``key`` names a field of the schema dataclass ``root`` (the
-    :class:`Config` root, or a stage's settings named by ``where`` in messages).
+    :class:`Config` root, or a stage's settings named by ``where`` in messages); returns the field's type hint (a
+    list's item type for an index).
 
     A list field also accepts one integer index (``data.prompt_sources.0``).
     """
@@ -212,9 +228,45 @@ def check_key(key: str, groups: list[str] | None = None, root: type = Config, wh
             node = hint
             continue
         rest = parts[depth + 1 :]
-        if not rest or (typing.get_origin(hint) is list and len(rest) == 1 and rest[0].isdigit()):
-            return
+        if not rest:
+            return fields[part]
+        if typing.get_origin(hint) is list and len(rest) == 1 and rest[0].isdigit():
+            return (typing.get_args(hint) or (Any,))[0]
         raise OverrideError(f"unknown config key '{key}': '{'.'.join(parts[: depth + 1])}' is a value, not a section")
+
+
+# What OmegaConf reads as a bool (case-insensitive), and an integer or a float as Hydra's grammar writes them.
+_BOOLS = {"true", "false", "yes", "no", "on", "off", "1", "0"}
+_INT = re.compile(r"[+-]?\d[\d_]*")
+_FLOAT = re.compile(r"[+-]?(\d[\d_]*\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|nan)", re.IGNORECASE)
+_KINDS = {int: ("an integer", "4"), float: ("a number", "1e-3"), bool: ("true or false", "true")}
+
+
+def check_value(key: str, value: str, hint: Any) -> None:
+    """Raise :class:`OverrideError` when ``value`` cannot be a value of the schema type ``hint`` (an int, float or
+    bool field; others are left to OmegaConf): Hydra would say so in a multi-line error with status 1. A sweep
+    (``1,2,3``) is checked item by item; interpolations, functions, quoted and list values pass through."""
+    if value == "" or any(mark in value for mark in ("${", "(", "[", "{", "'", '"', "*")):
+        return
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+    kind = _strip_optional(hint)
+    if kind not in _KINDS:
+        return
+    for item in (v.strip() for v in value.split(",")):
+        if optional and item.lower() in ("null", "none"):
+            continue
+        ok = (
+            item.lower() in _BOOLS
+            if kind is bool
+            else _INT.fullmatch(item) is not None
+            if kind is int
+            else _FLOAT.fullmatch(item) is not None
+        )
+        if not ok:
+            what, example = _KINDS[kind]
+            raise OverrideError(
+                f"{key}={item} is not valid: {key} takes {what}{' or null' if optional else ''} (e.g. {key}={example})"
+            )
 
 
 def schema_fields(node: type) -> dict[str, type]:

@@ -245,6 +245,9 @@ class DataConfig:
     # LONG_PROMPTS: a prompt that, with max_new_tokens, needs more positions than the verifier has: stop before any
     # work (error), drop it (skip), or keep its last tokens (truncate); the manifest counts what was done
     long_prompts: str = "error"
+    # a malformed JSON Lines line in a prompt file: refuse the file, naming the lines (false), or leave such lines
+    # out and go on (true; the manifest counts them as skipped_bad_lines). In the run key only when true.
+    skip_bad_lines: bool = False
     # verifier layer ids (the DFlash convention: 0 = embeddings) whose states stage=trajectories stores in half
     # precision for every position of every row, for method.features=stored; empty: none
     feature_layers: list[int] = field(default_factory=list)

@@ -352,8 +352,9 @@ def _data(cfg: DictConfig) -> None:
     _choice(cfg, "data.backend", TRAJECTORY_BACKENDS)
     _choice(cfg, "data.long_prompts", LONG_PROMPTS)
     _at_least(cfg, "data.temperature", 0)
-    _positive(cfg, "data.top_p")
-    _between(cfg, "data.top_p", 0.0, 1.0)
+    top_p = _get(cfg, "data.top_p")
+    if not 0 < top_p <= 1:  # 0 keeps no token at all
+        raise ConfigError(f"data.top_p={top_p!r} is not valid; it must lie in (0, 1]: above 0, at most 1 (no cut)")
     for key in ("max_new_tokens", "num_shards", "batch_size"):
         _at_least(cfg, f"data.{key}", 1)
     _at_least(cfg, "data.topk_logprobs", 0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import gzip
 import hashlib
 import importlib.util
@@ -298,6 +299,8 @@ def read_records(
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as e:  # not gzip, truncated, or a damaged stream
             raise error(f"{path} is not a readable gzip file ({e}); copy it again or unpack it to {suffix}") from e
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors write one) is not content
+        raw = raw[3:]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -318,14 +321,62 @@ def read_records(
             return _only_objects(data, path, error)
         if data is not None:
             raise error(f"{path} holds a JSON {type(data).__name__}; expected a list of objects")
-    rows = []
+    rows, bad = [], []
     for lineno, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise error(f"{path}:{lineno} is not valid JSON ({e.msg})") from e
+                bad.append((lineno, e.msg))
+    if bad:
+        tally = _BAD_LINES.get()
+        if tally is None or not tally.skip:
+            raise error(_bad_lines_message(path, bad))
+        tally.skipped += len(bad)
+        print(f"{kind} file {path}: left out {len(bad)} malformed line(s) (data.skip_bad_lines=true)")
     return _only_objects(rows, path, error)
+
+
+SHOWN_BAD_LINES = 20  # a message names this many malformed lines, then counts the rest
+
+
+def _bad_lines_message(path: Path, bad: list[tuple[int, str]]) -> str:
+    (first, why), rest = bad[0], [n for n, _ in bad[1:SHOWN_BAD_LINES]]
+    message = f"{path}:{first} is not valid JSON ({why})"
+    if rest:
+        more = len(bad) - SHOWN_BAD_LINES
+        message += f"; nor are lines {', '.join(map(str, rest))}" + (f" and {more} more" if more > 0 else "")
+        message += f" ({len(bad)} malformed lines)"
+    them = "them" if rest else "it"
+    return message + f"; fix {them}, or set data.skip_bad_lines=true to leave such lines out (the manifest counts them)"
+
+
+@dataclass
+class BadLineTally:
+    """What ``read_records`` does with malformed JSON Lines inside ``bad_lines``: ``skip`` them (counted in
+    ``skipped``) or refuse the file, naming them."""
+
+    skip: bool
+    skipped: int = 0
+
+
+_BAD_LINES: contextvars.ContextVar[BadLineTally | None] = contextvars.ContextVar("bad_lines", default=None)
+
+
+@contextlib.contextmanager
+def bad_lines(skip: bool):
+    """``with bad_lines(cfg.data.skip_bad_lines) as tally: load_source(...)``: inside, every file read leaves out
+    its malformed lines when ``skip`` (``tally.skipped`` counts them, for the manifest), else refuses them."""
+    outer = _BAD_LINES.get()
+    if outer is not None and outer.skip == skip:  # a caller further out counts for the whole read
+        yield outer
+        return
+    tally = BadLineTally(skip)
+    token = _BAD_LINES.set(tally)
+    try:
+        yield tally
+    finally:
+        _BAD_LINES.reset(token)
 
 
 _read_file = read_records  # the earlier private name

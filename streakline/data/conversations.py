@@ -525,7 +525,9 @@ def _split(turns: list[dict[str, str]], where: str) -> tuple[list[dict[str, str]
     else:
         prompt, reference = turns, ""
     if not any(t["role"] == "user" for t in prompt):
-        raise _RowError(f"{where}: no user turn before the final assistant turn, so there is no prompt")
+        spoken = ", ".join(dict.fromkeys(t["role"] for t in turns))
+        before = "before the final assistant turn" if turns[-1]["role"] == "assistant" else "in it"
+        raise _RowError(f"{where}: no user turn {before} (its turns are {spoken} only), so there is no prompt")
     return prompt, reference
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from streakline.artifacts import disk_full_error, is_disk_full
 from streakline.errors import UserError
 
 from .config import FAMILIES, FamilySpec, TransformerConfig
@@ -166,6 +167,28 @@ def read_config(folder: str | os.PathLike, family: str | None = None) -> Transfo
         eos_token_id=first(raw.get("eos_token_id")),
         pad_token_id=first(raw.get("pad_token_id")),
     )
+
+
+def check_model_type(folder: str | os.PathLike, role: str, family_given: bool) -> None:
+    """Refuse a checkpoint folder whose ``config.json`` names a ``model_type`` no family here reads, unless the
+    command line said which family to read it as (``model.<role>.family``, ``family_given``): read silently as the
+    preset's family, a foreign layout would load wrong or fail deep in the weights. A folder without a readable
+    config.json is left to the loader, which names that problem."""
+    path = Path(folder) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(raw, dict) or family_given or "speculators_model_type" in raw or "dflash_config" in raw:
+        return  # a DFlash drafter is read by its own loader
+    model_type = str(raw.get("model_type", "")).lower()
+    if model_type not in _MODEL_TYPES:
+        known = ", ".join(f"{name} ({spec.model_type})" for name, spec in FAMILIES.items() if spec.weights)
+        raise CheckpointError(
+            f"{path}: model_type {raw.get('model_type')!r} is not a family streakline reads (families, with their "
+            f"model_type: {known}); if its weights are laid out as one of them, say which with "
+            f"model.{role}.family=<family>"
+        )
 
 
 def folder_family(folder: str | os.PathLike, fallback: str | None = None) -> str:
@@ -353,8 +376,10 @@ def save_pretrained(
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _swap_into_place(tmp, folder)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc):  # the earlier export at ``folder`` is untouched; say so in one line
+            raise disk_full_error(folder / "model.safetensors", exc) from exc
         raise
     return folder
 

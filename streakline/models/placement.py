@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from streakline.errors import UserError
+
 from .config import TransformerConfig
 from .kv_cache import GIB, device_runs, free_bytes
 
@@ -42,12 +44,27 @@ class Plan:
         return ", ".join(runs)
 
 
-def resolve_devices(devices) -> list[torch.device]:
-    """``auto`` -> every visible GPU (else the CPU); a list of ints / names -> devices (an int is a GPU index)."""
+class DeviceError(UserError, ValueError):
+    """``model.<role>.devices`` names a GPU this machine does not have."""
+
+
+def resolve_devices(devices, key: str = "model.<role>.devices") -> list[torch.device]:
+    """``auto`` -> every visible GPU (else the CPU); a list of ints / names -> devices (an int is a GPU index).
+    DeviceError (named after ``key``) for a GPU that is not there: the model would otherwise run elsewhere."""
     if devices == "auto":
         n = torch.cuda.device_count()
         return [torch.device("cuda", i) for i in range(n)] or [torch.device("cpu")]
-    return [torch.device("cuda", d) if isinstance(d, int) else torch.device(str(d)) for d in devices]
+    out = [torch.device("cuda", d) if isinstance(d, int) else torch.device(str(d)) for d in devices]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    absent = [d for d in out if d.type == "cuda" and (d.index or 0) >= count]
+    if absent:
+        given = "[" + ",".join(str(d) for d in devices) + "]"
+        have = "no GPU torch can use" if count == 0 else f"{count} GPU{'s' if count > 1 else ''} (cuda:0-{count - 1})"
+        raise DeviceError(
+            f"{key}={given} names {absent[0]}, but this machine has {have}; set {key}=null (the stage's one device"
+            f"{': the CPU here' if count == 0 else ''}), {key}=auto, or name devices it has"
+        )
+    return out
 
 
 def _param_counts(cfg: TransformerConfig) -> tuple[int, int]:

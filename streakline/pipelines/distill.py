@@ -109,6 +109,8 @@ class Distill(Stage):
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         """What the trained drafter depends on; logging and evaluation cadence do not move the folder."""
+        from .common.fingerprints import drafter_parts
+
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
         for k in CADENCE:
             trainer.pop(k, None)
@@ -126,6 +128,9 @@ class Distill(Stage):
             "method": {**method_key(cfg.method), "drafter_temperature": train_temperature(cfg)},
             "trainer": trainer,
             "seed": cfg.seed,
+            # the drafter's weights (a hub commit, a user folder's fingerprint) and a tokenizer other than the
+            # trajectories': absent for presets and folders a finished stage wrote, so those keys did not move
+            **drafter_parts(cfg, kind),
         }
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:

@@ -11,10 +11,12 @@ with the same key: target preset, tokenizer, ``stage.*``, recipe version):
    ``stage.seed``, ``stage.max_new_tokens``), top-``stage.top_k`` stale tokens per position, with a progress bar;
 3. calibration (``alignment.spiffy.calibrate``: realised (i, j)-sets up to ``stage.horizon`` steps ahead, greedy
    growth to ``stage.budget`` nodes);
-4. ``graph.json`` (header: target name and decoding config) and ``metrics.json``; the runner writes the manifest.
+4. ``graph.json`` (header: the target's name, fingerprint and block size, and the decoding config) and
+   ``metrics.json`` (the target's fingerprint and block size too); the runner writes the manifest.
 
 ``decoder=spiffy`` finds the graph with ``common.lookup.locate_graph``; ``decoding.registry.block_drafter`` builds
-the drafter from it. Tests: ``python -m pytest tests/pipelines/test_spiffy.py``.
+the drafter from it, and refuses a graph made for another target or block size. Tests: ``python -m pytest
+tests/pipelines/test_spiffy.py tests/pipelines/test_fingerprints.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omegaconf import DictConfig
 from streakline.artifacts import StageRun
 from streakline.decoding.registry import block_decode_config
 
+from .common.fingerprints import target_identity
 from .common.lookup import GRAPH, spiffy_key
 from .common.prompts import encode_records, source_records
 from .common.roles import block_target, device, required_tokenizer
@@ -65,7 +68,8 @@ class Spiffy(Stage):
         traces = collect_traces(target, prompts, decode, batch_size=s.batch_size, top_k=s.top_k, progress=True)
         collect_seconds = time.perf_counter() - started
         started = time.perf_counter()
-        graph, stats = calibrate(traces, horizon=s.horizon, budget=s.budget, header=graph_header(cfg, target, decode))
+        header = graph_header(cfg, target, decode)
+        graph, stats = calibrate(traces, horizon=s.horizon, budget=s.budget, header=header)
         calibrate_seconds = time.perf_counter() - started
         graph.save(stage_run.add_output(GRAPH))
         metrics = {
@@ -76,6 +80,7 @@ class Spiffy(Stage):
             "collect_seconds": collect_seconds,
             "calibrate_seconds": calibrate_seconds,
             "block_size": target.config.block_size,
+            "target_fingerprint": header["target_fingerprint"],
             "rule": s.rule,
             "temperature": s.temperature,
             "graph": [sorted(list(p) for p in q) for q in graph.nodes[1:]],
@@ -93,10 +98,12 @@ STAGE = Spiffy()
 
 
 def graph_header(cfg: DictConfig, target, decode) -> dict[str, Any]:
-    """What the graph is keyed by: target name and decoding config (``SpiffyGraph.check`` compares the first three)."""
+    """What the graph is keyed by: target name and decoding config (``SpiffyGraph.check`` compares the first three),
+    and the target's fingerprint and block size (``lookup.locate_graph`` compares them)."""
     node = cfg.model.target
     return {
         "target": node.name,
+        "target_fingerprint": target_identity(cfg)["target_fingerprint"],
         "rule": decode.rule,
         "temperature": float(decode.temperature),
         "threshold": float(decode.threshold),  # the threshold rule's tau during calibration (BlockDecodeConfig's)

@@ -12,10 +12,12 @@ with the same key: target preset, tokenizer, ``stage.*``):
    ``shards/shard-XXXXX-of-YYYYY.parquet``; shards already there and readable are kept (a killed run resumes);
 3. examples (``alignment.spot.data``: stale step t paired with root S_{t+1}, depths < ``stage.horizon``), split by
    prompt, and the order model trained (``alignment.spot.train``);
-4. ``order_model/`` (config.json + model.safetensors) and ``metrics.json``; the runner writes the manifest last.
+4. ``order_model/`` (config.json + model.safetensors, and ``target.json``: the target's name, fingerprint and block
+   size) and ``metrics.json`` (those too); the runner writes the manifest last.
 
 ``decoder=spot`` finds the order model with ``common.lookup.locate_order_model``; ``decoding.registry.block_drafter``
-builds the drafter from it. Tests: ``python -m pytest tests/pipelines/test_spot.py``.
+builds the drafter from it; an order model made for another target or block size is refused. Tests: ``python -m
+pytest tests/pipelines/test_spot.py tests/pipelines/test_fingerprints.py``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun
+from streakline.artifacts import StageRun, write_json_atomic
 from streakline.config import ConfigError
 from streakline.decoding.registry import block_decode_config
 
-from .common.lookup import ORDER_MODEL, spot_key
+from .common.fingerprints import target_identity
+from .common.lookup import ORDER_MODEL, TARGET_RECORD, spot_key
 from .common.prompts import encode_records, source_records
 from .common.roles import block_target, device, required_tokenizer
 from .common.traces import check_trace_settings, finish_with_metrics, reuse_metrics
@@ -89,6 +92,8 @@ class Spot(Stage):
         train_cfg = SpotTrainConfig(steps=s.steps, batch_size=s.train_batch, lr=s.lr, seed=s.seed)
         model, fit = train_order_model(train, heldout, model_cfg, train_cfg, device=where)
         model.save(stage_run.add_output(ORDER_MODEL))
+        identity = {**target_identity(cfg), "block_size": L}  # the built target's: what the traces came from
+        write_json_atomic(stage_run.dir / ORDER_MODEL / TARGET_RECORD, identity)
         metrics = {
             "heldout": fit["heldout"],
             "parameters": fit["parameters"],
@@ -102,6 +107,7 @@ class Spot(Stage):
             "collect_seconds": collect_seconds,
             "train_seconds": fit["train_seconds"],
             "block_size": L,
+            "target_fingerprint": identity["target_fingerprint"],
             "rule": s.rule,
             "temperature": s.temperature,
         }

@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from streakline.artifacts import StageRun, config_hash
 from streakline.config import ConfigError
-from streakline.data.benchmarks import parse_source
+from streakline.data.benchmarks import bad_lines, parse_source
 from streakline.data.features import FeatureMeta, check_features, feature_bytes, feature_name, write_features
 from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (
@@ -133,9 +133,12 @@ class _Plan:
     def __init__(self, cfg: DictConfig, *, stage_key: dict[str, Any], folder: Path) -> None:
         self.cfg, self.key, self.folder = cfg, stage_key, folder
         tokenizer = required_tokenizer(cfg, "verifier", "trajectories")
-        records = prompt_mix(cfg)
+        with bad_lines(cfg.data.skip_bad_lines) as tally:
+            records = prompt_mix(cfg)
         check_overlap(cfg, records)
         self.records, self.prompts, self.fitted = fit_positions(cfg, records, encode_prompts(cfg, tokenizer, records))
+        if tally.skipped:  # data.skip_bad_lines=true: the manifest says how many lines were left out
+            self.fitted = {**self.fitted, "skipped_bad_lines": tally.skipped}
         samples = cfg.data.samples_per_prompt
         items = [(r["id"], s, p) for r, p in zip(self.records, self.prompts, strict=True) for s in range(samples)]
         n = min(cfg.data.num_shards, len(items))
@@ -229,7 +232,8 @@ def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
             limits[i] += 1
     records = []
     for source, limit in zip(sources, limits, strict=True):
-        got = load_source(source, limit=limit, fields=cfg.data.fields)
+        with bad_lines(cfg.data.skip_bad_lines):  # malformed lines refused, named, or (skip_bad_lines) left out
+            got = load_source(source, limit=limit, fields=cfg.data.fields)
         if limit is not None and len(got) < limit:
             have = f"{len(got)} prompts of the {limit} its weight asks for"
             print(f"trajectories: {source_label(source)} has only {have}")

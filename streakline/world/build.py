@@ -26,8 +26,10 @@ every machine; on the CPU nothing moves, and a build is bit for bit what it was 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -38,7 +40,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline import __version__
 from streakline.alignment.pretrain import block_diffusion_loss, causal_lm_loss, mdm_window_loss, pretrain
-from streakline.artifacts import StageRun, config_hash, find_complete, read_manifest, write_json_atomic
+from streakline.artifacts import (
+    LOCK_NAME,
+    RunLockedError,
+    StageRun,
+    config_hash,
+    find_complete,
+    read_manifest,
+    write_json_atomic,
+)
 from streakline.config import check_world
 from streakline.data import code_texts, corpus_fingerprint, math_texts, train_tokenizer
 from streakline.data.streams import TokenStream, mixed_batch
@@ -54,8 +64,10 @@ ROLES = ("verifier", "drafter", "target")
 RECIPE_VERSION = 2
 
 
-def world_key(cfg: DictConfig) -> dict[str, Any]:
-    """What the world depends on: the model preset without paths, the stdlib corpus and the recipe version."""
+def world_key(cfg: DictConfig, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """What the world depends on: the model preset without paths, the stdlib corpus, the recipe version and, for a
+    world trained on a GPU, which GPU (its kernels round otherwise than the CPU's, so its weights are another
+    result; a CPU world's key holds no device, as before there was a GPU path)."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     for role in ROLES:
         model[role]["path"] = model[role]["tokenizer"] = None
@@ -66,7 +78,12 @@ def world_key(cfg: DictConfig) -> dict[str, Any]:
         recipe = (model.get("world") or {}).get(role) or {}
         if recipe.get("init_from", "absent") is None:  # a field added later: unset, it must not move old worlds
             del recipe["init_from"]
-    return {"model": model, "corpus": corpus_fingerprint(), "recipe": RECIPE_VERSION}
+    key = {"model": model, "corpus": corpus_fingerprint(), "recipe": RECIPE_VERSION}
+    device = torch.device(device)
+    if device.type != "cpu":
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        key["trained_on"] = f"{device.type}:{name}"
+    return key
 
 
 # Checkpoint preset fields added after worlds were built, with the value every earlier preset meant.
@@ -126,8 +143,8 @@ def _model_preset_role(conf_dir: Path, model: str, role: str) -> str:
 
 def ensure_world(cfg: DictConfig, progress: bool = True, device: str | torch.device = "cpu") -> Path:
     """The folder of the world ``cfg.model`` describes: reused when intact, (re)built otherwise (trained on
-    ``device``; the world's key does not depend on it)."""
-    key = world_key(cfg)
+    ``device``; a GPU-trained world is keyed apart from the CPU's: ``world_key``)."""
+    key = world_key(cfg, device)
     digest = config_hash(key)
     found = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, digest)
     if found is not None:
@@ -135,7 +152,17 @@ def ensure_world(cfg: DictConfig, progress: bool = True, device: str | torch.dev
         if problem is None:
             return found
         print(f"bootstrap: the cached world at {found} is damaged ({problem}); rebuilding it")
-    return _build(cfg, key, progress, torch.device(device))
+    try:
+        return _build(cfg, key, progress, torch.device(device))
+    except RunLockedError as err:
+        if not err.same_job:
+            raise
+        builder = err.holder.get("pid")
+    # Another rank of this torchrun job builds it (every rank attaches the world): wait for its manifest.
+    print(f"bootstrap: another rank of this job (PID {builder}) is building the world; waiting for it")
+    while (found := find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, digest)) is None or _damage(found):
+        time.sleep(1.0)
+    return found
 
 
 def attach_world(
@@ -166,7 +193,7 @@ def attach_world(
     world = world_config(cfg)
     check_world(world)
     if all(cfg.model[role].path is not None for role in roles):
-        folder = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, config_hash(world_key(world)))
+        folder = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, config_hash(world_key(world, device)))
     else:
         folder = ensure_world(world, progress, device)
     for role in ROLES:
@@ -202,7 +229,7 @@ def _files(folder: Path) -> dict[str, str]:
     out = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
-        if path.is_file() and not rel.startswith("manifest") and rel != "metrics.jsonl":
+        if path.is_file() and not rel.startswith("manifest") and rel not in ("metrics.jsonl", LOCK_NAME):
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
@@ -221,14 +248,38 @@ def _damage(folder: Path) -> str | None:
 
 
 def _build(cfg: DictConfig, key: dict[str, Any], progress: bool, device: torch.device) -> Path:
+    with _deterministic(device):
+        return _build_world(cfg, key, progress, device)
+
+
+@contextlib.contextmanager
+def _deterministic(device: torch.device):
+    """Deterministic kernels for the build, restored after: on a GPU the embedding and index backward passes
+    accumulate with atomics in whatever order threads finish, so two builds there would differ in their last bits
+    (the CPU's kernels are deterministic already, and a CPU build is what it always was)."""
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's reductions in a fixed order
+        torch.use_deterministic_algorithms(True, warn_only=True)  # an op without such a kernel warns, not fails
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _build_world(cfg: DictConfig, key: dict[str, Any], progress: bool, device: torch.device) -> Path:
     world = cfg.model.world
     torch.manual_seed(world.seed)
-    stale = Path(cfg.run_root) / WORLD_EXPERIMENT / STAGE / config_hash(key)
-    if stale.exists():  # a partial or damaged build: nothing in it can be trusted
-        shutil.rmtree(stale)
     timings: dict[str, float] = {}
-    with StageRun(cfg.run_root, WORLD_EXPERIMENT, STAGE, key) as run:
+    with StageRun(cfg.run_root, WORLD_EXPERIMENT, STAGE, key) as run:  # the lock first: no other build in there
         out = run.dir
+        done = find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, run.cfg_hash)
+        if done is not None and _damage(done) is None:  # another process finished it while this one looked
+            run.abandon()
+            return done
+        for stale in out.iterdir():  # a partial or damaged build: nothing in it can be trusted
+            if stale.name != LOCK_NAME:
+                shutil.rmtree(stale) if stale.is_dir() and not stale.is_symlink() else stale.unlink()
         metrics_path = out / "metrics.jsonl"
         print(f"bootstrap: building the {cfg.model.name} world in {out} (on {device.type})")
 

@@ -14,9 +14,10 @@ folder under ``<run_root>/world/import/<hash>/model/``, importing it first when 
   with its embedding, final norm and head (``models.surgery.first_layers``): the drafters made from the verifier.
   Its attention mode, shift and mask token come from its preset when a stage builds it, as for any folder.
 
-Keys are content, not names: a file import is keyed by the file's sha256 (cached by path, size and mtime in
-``<run_root>/world/import/sha256.json``, so 98 MB are not re-read by every stage) and ``layers``; a cut by its
-parent's key and ``layers``. The manifest records the source file, its sha256 and the check.
+Keys are content, not names: a file import is keyed by the file's sha256 (``streakline.hashing.file_sha256``,
+cached by path, size and mtime in ``<run_root>/.sha256.json``, so 98 MB are not re-read by every stage) and
+``layers``; a cut by its parent's key (a folder of the user's: its path and fingerprint) and ``layers``. The manifest
+records the source file, its sha256 and the check.
 
     python launch.py stage=decode model=smol 'prompt="What is 12 * 7?"'   # imports the verifier first (~15 s)
     pytest tests/world/test_imports.py                                     # the real weights cut to two layers
@@ -24,7 +25,6 @@ parent's key and ``layers``. The manifest records the source file, its sha256 an
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import tempfile
@@ -35,8 +35,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun, config_hash, find_complete, write_json_atomic
+from streakline.artifacts import StageRun, config_hash, find_complete
 from streakline.errors import UserError
+from streakline.hashing import file_sha256, folder_fingerprint, run_output, sha256_cache
 from streakline.models import load_pretrained, save_pretrained
 from streakline.models.surgery import first_layers
 
@@ -98,12 +99,17 @@ def import_key(cfg: DictConfig, role: str) -> dict[str, Any]:
     source = cfg.model[role].source
     if source.from_role is not None:
         parent = cfg.model[source.from_role]
-        origin = config_hash(import_key(cfg, source.from_role)) if parent.get("source") else parent.path
-        return {"cut_of": origin, "layers": source.layers, "recipe": IMPORT_RECIPE}
+        if parent.get("source"):
+            return {"cut_of": config_hash(import_key(cfg, source.from_role)), "layers": source.layers,
+                    "recipe": IMPORT_RECIPE}  # fmt: skip
+        key = {"cut_of": parent.path, "layers": source.layers, "recipe": IMPORT_RECIPE}
+        if parent.path and Path(parent.path).is_dir() and run_output(parent.path) is None:
+            key["cut_of_weights"] = folder_fingerprint(parent.path)  # a folder of the user's: by what it holds
+        return key
     path = gguf_path(cfg, role)
     return {
         "gguf": path.name,
-        "sha256": file_sha256(path, Path(cfg.run_root) / EXPERIMENT / STAGE / "sha256.json"),
+        "sha256": file_sha256(path, sha256_cache(cfg.run_root)),
         "layers": source.layers,
         "recipe": IMPORT_RECIPE,
     }
@@ -194,30 +200,6 @@ def _install(source) -> str:
 def _missing_readers() -> list[str]:
     """The install specs of the GGUF readers (``READERS``) that are not installed."""
     return [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
-
-
-def file_sha256(path: Path, cache: Path) -> str:
-    """sha256 of ``path``, remembered in the JSON file ``cache`` by path, size and mtime (a changed file is hashed
-    again; an unreadable cache is only a slower run)."""
-    stat = path.stat()
-    entry = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if entry in known:
-        return known[entry]
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    known[entry] = digest.hexdigest()
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(cache, known)
-    except OSError:
-        pass  # a read-only run root still imports; it only hashes again next time
-    return known[entry]
 
 
 def _need_readers() -> None:

@@ -2,6 +2,7 @@
 located graph decoding exactly like the draft-free decoder. Run: ``python -m pytest tests/pipelines/test_spiffy.py``."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,54 @@ def test_traces_use_the_configured_threshold_and_locate_matches_it(first):
     cfg.decoder.threshold = 0.9
     with pytest.raises(CheckpointError, match="stage.rule=threshold stage.threshold=0.9 stage.temperature=0.0 first"):
         locate(cfg)
+
+
+def _other_weights(folder: Path, into: Path) -> Path:
+    """A copy of the checkpoint ``folder`` with one tensor changed (same names, dtypes and shapes)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, into)
+    state = load_file(into / "model.safetensors")
+    name = sorted(state)[0]
+    state[name] = state[name] + 1.0
+    save_file(state, into / "model.safetensors")
+    return into
+
+
+def test_a_graph_names_its_target_and_one_for_another_is_refused(first, tmp_path):
+    """The graph and the manifest record the target's fingerprint and block size; the lookup finds only graphs of
+    this target, and a hand-picked graph of another block size or other weights is refused in one line naming the
+    command that calibrates a matching one."""
+    from streakline.pipelines.common.fingerprints import target_identity
+
+    root, res = first
+    cfg = attach_world(_cfg(root, f"decoder.artifact={res.artifact}"), progress=False)
+    mine = target_identity(cfg)
+    header = SpiffyGraph.load(res.artifact).header
+    metrics = read_manifest(res.folder).metrics
+    assert header["target_fingerprint"] == metrics["target_fingerprint"] == mine["target_fingerprint"]
+    assert header["block_size"] == metrics["block_size"] == mine["block_size"] == 8
+    assert locate(cfg) == Path(res.artifact)  # its own target: accepted
+
+    world_target = cfg.model.target.path
+    for extra, same_weights in (
+        ([f"model.target.path={world_target}", "model.target.block_size=4"], True),  # the world's weights, L = 4
+        ([f"model.target.path={_other_weights(Path(world_target), tmp_path / 'other')}"], False),
+    ):
+        other = attach_world(_cfg(root, f"decoder.artifact={res.artifact}", *extra), progress=False)
+        theirs = target_identity(other)
+        assert (theirs["target_fingerprint"] == mine["target_fingerprint"]) == same_weights
+        differs = rf"block size {theirs['block_size']}, weights {theirs['target_fingerprint']}\)"
+        command = r"python launch.py stage=spiffy model=micro " + " ".join(map(re.escape, extra))
+        with pytest.raises(CheckpointError) as refused:
+            locate(other)
+        message = str(refused.value)
+        assert "\n" not in message
+        assert re.search(r"made for target micro-target \(block size 8, weights [0-9a-f]{12}\), not for model.target: "
+                         rf"target micro-target \({differs}", message), message  # fmt: skip
+        assert re.search(command + r" stage.rule=static stage.temperature=0.0, or set decoder.artifact", message)
+        other.decoder.artifact = None
+        with pytest.raises(CheckpointError, match=r"complete run\(s\) there are for another target or tokenizer"):
+            locate(other)

@@ -125,3 +125,24 @@ def test_the_trained_drafter_decodes_the_micro_target_exactly(first):
         plain = decode_blocks(target, ids, mask, dcfg)
         spot = decode_blocks(target, ids, mask, dcfg, drafter=drafter)
         assert spot.tokens == plain.tokens and spot.nfe <= plain.nfe
+
+
+def test_an_order_model_names_its_target_and_one_for_another_block_size_is_refused(first):
+    """order_model/target.json and the manifest record the target's fingerprint and block size; the lookup for
+    another block size finds nothing, and the order model picked by hand is refused in one line with the command."""
+    from streakline.pipelines.common.fingerprints import target_identity
+
+    root, res = first
+    cfg = attach_world(_cfg(root), progress=False)
+    recorded = json.loads((Path(res.artifact) / "target.json").read_text())
+    assert recorded == {**target_identity(cfg), "block_size": 8}
+    assert read_manifest(res.folder).metrics["target_fingerprint"] == recorded["target_fingerprint"]
+    extra = [f"model.target.path={cfg.model.target.path}", "model.target.block_size=4"]
+    with pytest.raises(CheckpointError, match=r"complete run\(s\) there are for another target or tokenizer"):
+        locate(_cfg(root, "spot", *extra))
+    with pytest.raises(CheckpointError) as refused:
+        locate(_cfg(root, "spot", f"decoder.artifact={res.artifact}", *extra))
+    message = str(refused.value)
+    assert "\n" not in message and "made for target micro-target (block size 8, weights " in message
+    assert "not for model.target: target micro-target (block size 4, weights " in message
+    assert f"python launch.py stage=spot model=micro {' '.join(extra)} stage.rule=static, or set" in message

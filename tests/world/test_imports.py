@@ -180,7 +180,7 @@ def test_doctor_says_where_imported_weights_come_from(tmp_path, capsys):
 
 def test_a_dflash_drafter_of_the_imported_verifier_gets_its_tokenizer(imported):
     root, cfg = imported
-    overrides = [*SMALL[:2], "model.drafter=smollm2-dflash", "model.drafter.target_layer_ids=[1,2]"]
+    overrides = [*SMALL[:2], "model.drafter=smol-dflash", "model.drafter.target_layer_ids=[1,2]"]
     dflash = compose_config(["stage=decode", f"run_root={root}", *overrides])
     validate(dflash)
     dflash = attach_imports(dflash, progress=False)

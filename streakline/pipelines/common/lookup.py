@@ -13,8 +13,13 @@ and its consumers compute the same folder without importing each other:
 | their checkpoints (``checkpoints/step-*``) | the same | ``distill_checkpoints`` (Fig. 7: evaluate, sweep) |
 
 Trajectories are found by their key (distill must train on exactly the data its settings name). Order models and
-graphs are found by what the decoder needs (same target and tokenizer; the rule, and for a graph the temperature),
-newest first: a consumer does not repeat the producer's settings, and ``decoder.artifact`` picks one by hand.
+graphs are found by what the decoder needs (same target, its weights, block size and tokenizer; the rule, and for a
+graph the temperature), newest first: a consumer does not repeat the producer's settings, and ``decoder.artifact``
+picks one by hand, refused when it was made for another target or block size.
+
+Keys hold content, not names (``fingerprints.py``): a data file by its sha256, a hub id by its snapshot commit, a
+checkpoint folder of the user's by its fingerprint; each part is left out where the name was already exact (a
+folder a finished stage wrote, a preset, a built-in source), so those runs keep their folders.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.artifacts import complete_runs, config_hash, run_path
+from streakline.artifacts import complete_runs, config_hash, manifest_or_none, run_path
 from streakline.models import CheckpointError
 
+from .fingerprints import role_parts, source_files, target_identity, target_overrides, weights_parts
 from .roles import required_tokenizer
 
 GRAPH = "graph.json"
@@ -39,14 +45,14 @@ SPIFFY_RECIPE = 1
 
 
 # --------------------------------------------------------------------------------------------- trajectories
-def role_key(node: DictConfig) -> dict[str, Any]:
+def role_key(cfg: DictConfig, role: str) -> dict[str, Any]:
     """A role's preset as a run key holds it: everything but ``devices`` (where it runs, not what it is; runs from
-    before the field existed keep their folders)."""
-    out = OmegaConf.to_container(node, resolve=True)
+    before the field existed keep their folders), and what its path or hub id holds (``weights_parts``)."""
+    out = OmegaConf.to_container(cfg.model[role], resolve=True)
     out.pop("devices", None)
     if out.get("source", "absent") is None:  # a field added later: unset, it must not move older runs' folders
         del out["source"]
-    return out
+    return {**out, **weights_parts(cfg, role)}
 
 
 def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
@@ -58,11 +64,19 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
             data.pop(key)
     data.pop("allow_eval_overlap", None)  # a permission: the rows do not depend on it
     data.pop("max_feature_gb", None)  # a limit on disk use: neither the rows nor the features depend on it
-    return {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+    key = {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+    # what the names do not pin (fingerprints.py): nothing for a preset, the world's folders and built-in sources
+    return {**key, **role_parts(cfg, "verifier"), **_files(cfg, cfg.data.prompt_sources)}
+
+
+def _files(cfg: DictConfig, sources) -> dict[str, Any]:
+    """``{"source_files": {source: digest}}`` for the sources that name a file, folder or hub dataset; else {}."""
+    files = source_files(cfg, sources)
+    return {"source_files": files} if files else {}
 
 
 # ``data`` fields added after trajectories existed, with the default that reproduces what runs did before them.
-LATER_DATA_DEFAULTS = {"long_prompts": "error", "fields": {}, "feature_layers": []}
+LATER_DATA_DEFAULTS = {"long_prompts": "error", "fields": {}, "feature_layers": [], "skip_bad_lines": False}
 
 
 def trajectories_dir(cfg: DictConfig) -> Path:
@@ -100,10 +114,11 @@ def spot_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     from streakline.models.tokenizer import tokenizer_hash
 
     return {
-        "target": role_key(cfg.model.target),
+        "target": role_key(cfg, "target"),
         "tokenizer": tokenizer_hash(tokenizer),
         "spot": _trace_settings(cfg),
         "prompt_format": _prompt_format(cfg, tokenizer),
+        **_files(cfg, cfg.stage.prompt_sources),
     }
 
 
@@ -113,10 +128,11 @@ def spiffy_key(cfg: DictConfig, tokenizer) -> dict[str, Any]:
     from streakline.models.tokenizer import tokenizer_hash
 
     key = {
-        "target": role_key(cfg.model.target),
+        "target": role_key(cfg, "target"),
         "tokenizer": tokenizer_hash(tokenizer),
         "spiffy": _trace_settings(cfg),
         "recipe": SPIFFY_RECIPE,
+        **_files(cfg, cfg.stage.prompt_sources),
     }
     prompt_format = _prompt_format(cfg, tokenizer)
     if prompt_format != "prompt_text":  # graphs from before the choice existed keep their folders
@@ -132,9 +148,11 @@ def _prompt_format(cfg: DictConfig, tokenizer) -> str:
 
 
 def locate_order_model(cfg: DictConfig) -> Path:
-    """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set, else the newest complete
-    ``stage=spot`` run of this experiment for the same target and tokenizer whose traces came from ``decoder.rule``
-    (an order model serves any temperature); CheckpointError saying what to run otherwise."""
+    """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set (refused when made for another
+    target or block size), else the newest complete ``stage=spot`` run of this experiment for the same target, its
+    weights, block size and tokenizer whose traces came from ``decoder.rule`` (an order model serves any
+    temperature); CheckpointError saying what to run otherwise."""
+    wanted = _rule(cfg)
     if cfg.decoder.artifact:
         folder = Path(cfg.decoder.artifact).expanduser().absolute()
         if not (folder / "config.json").is_file():
@@ -142,15 +160,18 @@ def locate_order_model(cfg: DictConfig) -> Path:
                 f"decoder.artifact={cfg.decoder.artifact} is not an order-model folder (no config.json there); "
                 "point it at the order_model/ folder of a stage=spot run"
             )
+        _check_made_for(cfg, "spot", _recorded(folder / TARGET_RECORD, folder.parent), "an order_model folder", wanted)
         return folder
-    wanted = _rule(cfg)
     return _newest_run(cfg, "spot", wanted, "trained order model", "an order_model folder") / ORDER_MODEL
 
 
 def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
-    """The graph.json ``decoder=spiffy`` uses: ``decoder.artifact`` (the file, or a folder holding it) if set, else
-    the newest complete ``stage=spiffy`` run of this experiment for the same target and tokenizer calibrated for
-    ``decoder.rule`` at ``temperature`` (default ``decoder.temperature``); CheckpointError otherwise."""
+    """The graph.json ``decoder=spiffy`` uses: ``decoder.artifact`` (the file, or a folder holding it) if set
+    (refused when calibrated on another target or block size), else the newest complete ``stage=spiffy`` run of
+    this experiment for the same target, its weights, block size and tokenizer calibrated for ``decoder.rule`` at
+    ``temperature`` (default ``decoder.temperature``); CheckpointError otherwise."""
+    T = float(cfg.decoder.temperature if temperature is None else temperature)
+    wanted = {**_rule(cfg), "temperature": T}
     if cfg.decoder.artifact:
         path = Path(cfg.decoder.artifact).expanduser().absolute()
         if path.is_dir():
@@ -160,10 +181,54 @@ def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
                 f"decoder.artifact={cfg.decoder.artifact} is not a Spiffy graph (no {path.name} there); point it at "
                 "the graph.json of a stage=spiffy run"
             )
+        _check_made_for(cfg, "spiffy", _recorded(path, path.parent, header=True), "a graph.json", wanted)
         return path
-    T = float(cfg.decoder.temperature if temperature is None else temperature)
-    wanted = {**_rule(cfg), "temperature": T}
     return _newest_run(cfg, "spiffy", wanted, "Spiffy graph", "a graph.json") / GRAPH
+
+
+# What stage=spot writes beside its order model: the target it was trained for (``fingerprints.target_identity``).
+TARGET_RECORD = "target.json"
+IDENTITY = ("target", "target_fingerprint", "block_size")
+
+
+def _recorded(path: Path, run: Path, header: bool = False) -> dict[str, Any]:
+    """The target identity an artifact records (``IDENTITY``, the fields it has): the graph's header or the order
+    model's ``target.json``, else the metrics of the run folder ``run`` it sits in; {} when none says."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        found = found.get("header", {}) if header else found
+    except (OSError, ValueError, AttributeError):
+        found = {}
+    if not found.get("target_fingerprint"):
+        manifest = manifest_or_none(run)
+        if manifest is not None:
+            found = {**manifest.metrics, **{k: v for k, v in found.items() if v is not None}}
+    return {k: found[k] for k in IDENTITY if found.get(k) is not None}
+
+
+def _check_made_for(cfg: DictConfig, stage: str, recorded: dict[str, Any], artifact: str, wanted) -> None:
+    """Refuse, in one line naming the command that makes a matching one, an artifact recorded as made for another
+    target fingerprint or block size than ``model.target`` (an artifact that records neither passes)."""
+    checked = [k for k in ("target_fingerprint", "block_size") if k in recorded]
+    mine = target_identity(cfg) if checked else {}
+    if all(recorded[k] == mine[k] for k in checked):
+        return
+    what = "Spiffy graph" if stage == "spiffy" else "SPOT order model"
+
+    def said(identity: dict[str, Any]) -> str:
+        return (f"target {identity.get('target', '?')} (block size {identity.get('block_size', '?')}, weights "
+                f"{identity.get('target_fingerprint', '?')})")  # fmt: skip
+
+    raise CheckpointError(
+        f"decoder.artifact={cfg.decoder.artifact} is a {what} made for {said(recorded)}, not for model.target: "
+        f"{said(mine)}; make one for this target with {_make_command(cfg, stage, wanted)}, or set "
+        f"decoder.artifact=<{artifact} made for it>"
+    )
+
+
+def _make_command(cfg: DictConfig, stage: str, wanted: dict[str, Any]) -> str:
+    need = " ".join(f"stage.{k}={v}" for k, v in wanted.items())
+    return f"python launch.py stage={stage} model={cfg.model.name} {target_overrides(cfg)}{need}"
 
 
 def _rule(cfg: DictConfig) -> dict[str, Any]:
@@ -174,15 +239,22 @@ def _rule(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, artifact: str) -> Path:
-    """The newest complete ``stage`` run of this experiment whose key has this target, its tokenizer, and settings
-    equal to ``wanted``; CheckpointError naming the command that makes one otherwise."""
+    """The newest complete ``stage`` run of this experiment whose key has this target (its weights included), its
+    tokenizer, and settings equal to ``wanted``, and whose metrics record this target's fingerprint and block size
+    (a run from before they were recorded is judged by its key); CheckpointError naming the command that makes one
+    otherwise."""
     from streakline.models.tokenizer import tokenizer_hash
 
-    target = role_key(cfg.model.target)
+    target = role_key(cfg, "target")
+    mine = target_identity(cfg)
     tok = tokenizer_hash(required_tokenizer(cfg, "target", stage))
-    found, other = [], 0
+    found, other, elsewhere = [], 0, 0
     for folder, m in complete_runs(cfg.run_root, cfg.experiment.name, stage):
         if m.config.get("target") != target or m.config.get("tokenizer") != tok:
+            elsewhere += 1
+            continue
+        if any(m.metrics.get(k) is not None and m.metrics[k] != mine[k] for k in ("target_fingerprint", "block_size")):
+            elsewhere += 1
             continue
         settings = m.config.get(stage, {})
         if all(settings.get(k) == v for k, v in wanted.items()):
@@ -192,11 +264,12 @@ def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, 
     if found:
         return max(found)[1]
     need = " ".join(f"stage.{k}={v}" for k, v in wanted.items())
+    elsewhere = f" ({elsewhere} complete run(s) there are for another target or tokenizer)" if elsewhere else ""
     others = f" ({other} complete run(s) there have other settings)" if other else ""
     raise CheckpointError(
-        f"no {what} for target {cfg.model.target.name} with {need.replace('stage.', '')} in experiment "
-        f"{cfg.experiment.name!r}{others}; run python launch.py stage={stage} model={cfg.model.name} {need} first, "
-        f"or set decoder.artifact=<{artifact}>"
+        f"no {what} for target {cfg.model.target.name} (block size {mine['block_size']}) with "
+        f"{need.replace('stage.', '')} in experiment {cfg.experiment.name!r}{elsewhere}{others}; run "
+        f"{_make_command(cfg, stage, wanted)} first, or set decoder.artifact=<{artifact}>"
     )
 
 
