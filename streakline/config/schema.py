@@ -37,6 +37,7 @@ STAGES = (
     "evaluate",
     "sweep",
     "pipeline",
+    "plan",
 )
 FAMILIES = ("llama", "qwen2", "qwen3", "dream", "sdar", "llada")
 # "auto" is not a family: it defers to the checkpoint folder's config.json.
@@ -430,6 +431,23 @@ class LauncherConfig:
     time_min: int = 60
     ray_address: str | None = None  # None: start a local Ray
     workers: int | None = None  # Ray worker slots (actors); None: one per GPU, or 2 on a CPU-only machine
+    # launcher=slurm: plan the job on its cluster= nodes before sbatch and refuse one that cannot fit (stage=plan)
+    plan: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    """A kind of GPU node and how many of them (``conf/cluster/*.yaml``): what ``stage=plan`` sizes every stage
+    against (memory per GPU, time from FLOPs and bytes). Vendor figures per GPU unless a field says per node."""
+
+    name: str = MISSING
+    gpu_memory_gib: float = MISSING  # memory of one GPU, GiB
+    hbm_gbps: float = MISSING  # its memory bandwidth, GB/s
+    bf16_tflops: float = MISSING  # its dense bf16 peak, TFLOP/s (no sparsity)
+    gpus_per_node: int = MISSING
+    intra_node_gbps: float = MISSING  # GPU to GPU within a node, one direction, per GPU (NVLink), GB/s
+    inter_node_gbps: float = MISSING  # node to node, one direction, per node (all its NICs together), GB/s
+    nodes: int = 1
 
 
 @dataclass
@@ -451,6 +469,24 @@ class SweepStage(StageConfig):
 
 
 @dataclass
+class PlanStage(StageConfig):
+    """stage=plan: memory per GPU, disk and time of every stage on ``cluster``, at the presets' real shapes
+    (``streakline/planning/``, docs/planning.md). What a config does not say (how long prompts are, how many
+    prompts the sources hold, how efficient the kernels are) is assumed here, and printed with the plan."""
+
+    # the stages planned, in this order; empty: trajectories, distill, evaluate, spot, spiffy, sweep
+    stages: list[str] = field(default_factory=list)
+    prompt_tokens: int = 256  # mean prompt length, tokens (trajectories, distill windows, evaluate)
+    prompts: int = 10000  # trajectories prompts when data.max_prompts is null (the sources' size is not read)
+    mfu: float = 0.4  # model FLOPs utilisation of training and prefill
+    # a distill run folder or its metrics.jsonl: the median MFU its telemetry logged replaces stage.mfu
+    mfu_from: str | None = None
+    bandwidth_efficiency: float = 0.7  # share of HBM bandwidth a decode step reaches (bench/gpu_decode.py)
+    usable_memory: float = 0.9  # share of gpu_memory_gib a stage may plan for (CUDA context, allocator slack)
+    eval_methods: int = 3  # evaluate rows when stage.methods is empty (vanilla, base drafter, a distilled one)
+
+
+@dataclass
 class Config:
     stage: StageConfig = field(default_factory=StageConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -460,6 +496,7 @@ class Config:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)  # what stage=plan sizes against
     # Settings of stages by name (``settings.spot.steps=2000``), applied over that stage's schema defaults when it
     # runs, whether alone or chained by stage=pipeline / stage=sweep; an experiment file sets several stages' here.
     # ``stage.<key>=v`` on the command line is shorthand for ``settings.<running stage>.<key>=v``.
@@ -480,6 +517,7 @@ STAGE_SCHEMAS: dict[str, type[StageConfig]] = {
     "spiffy": SpiffyStage,
     "evaluate": EvaluateStage,
     "sweep": SweepStage,
+    "plan": PlanStage,
 }
 # Where conf/stage/<name>.yaml finds its schema in the ConfigStore (``defaults: [/schema/stage/<name>@_here_]``).
 STAGE_SCHEMA_GROUP = "schema/stage"
@@ -495,6 +533,7 @@ GROUP_SCHEMAS: dict[str, type] = {
     "decoder": DecoderConfig,
     "launcher": LauncherConfig,
     "experiment": ExperimentConfig,
+    "cluster": ClusterConfig,
 }
 
 
