@@ -18,13 +18,13 @@
    ``max_memory_allocated`` over the call is printed too. Also the median time of each.
 3. ZeRO-0 vs 2 vs 3 on 2 ranks: ``stage=distill`` on the micro world (built in a temporary run_root, with its
    trajectories) through ``torch.distributed.run --nproc_per_node=2`` (gloo on CPU, fp32, streak loss, activation
-   checkpointing off for all three so only the ZeRO stage differs). Step time comes from ``metrics.jsonl``: the
-   trainer logs cumulative ``label_tokens_per_s`` = rank 0's labelled tokens x world / elapsed, and rank 0's token
-   count per step is recomputed here from the same window stream, which gives the elapsed time at every step; the
-   first ``--zero-skip`` steps (DeepSpeed's first-step setup) are left out. Wall time per launch is printed too,
-   split at the last metrics line's modification time into start-up (processes, imports, DeepSpeed setup) and
-   save + exit (final DeepSpeed checkpoint, export; ZeRO-3 consolidates its shards there). The micro drafter is
-   tiny, so this measures ZeRO's own overheads (collectives, partitioning, gathers), not compute.
+   checkpointing off for all three so only the ZeRO stage differs). Step time comes from ``metrics.jsonl``: logging
+   every step, the trainer's ``step_time`` is each step's own time and ``label_tokens_seen`` counts the labelled
+   tokens of all ranks so far (``alignment/telemetry.py``), which give the elapsed time and the throughput at every
+   step; the first ``--zero-skip`` steps (DeepSpeed's first-step setup) are left out. Wall time per launch is
+   printed too, split at the last metrics line's modification time into start-up (processes, imports, DeepSpeed
+   setup) and save + exit (final DeepSpeed checkpoint, export; ZeRO-3 consolidates its shards there). The micro
+   drafter is tiny, so this measures ZeRO's own overheads (collectives, partitioning, gathers), not compute.
 
 Timings in 1 and 2 are medians of interleaved repeats, so machine noise hits both sides alike; the three ZeRO
 launches run one after another. Other work on the machine distorts everything here (on 2 busy cores the packed path
@@ -307,27 +307,6 @@ def _micro_overrides(root: Path, steps: int, args) -> list[str]:
     ]
 
 
-def _rank0_tokens(overrides: list[str], steps: int, world: int) -> list[int]:
-    """Labelled tokens of rank 0's micro-batch at each step: batch ``s * world`` of the window stream (trainer.py)."""
-    from streakline.data.trajectories import load_trajectories
-    from streakline.pipelines.common.lookup import trajectories_dir
-    from streakline.pipelines.common.roles import device
-    from streakline.world import attach_world
-
-    cfg = attach_world(compose_config(["stage=distill", *overrides]), progress=False, device=device())
-    mask_id = build(cfg.model.drafter, "drafter").config.mask_token_id
-    windows = TrajectoryWindows(
-        load_trajectories(trajectories_dir(cfg)),
-        gamma=cfg.method.gamma or cfg.model.drafter.gamma,
-        mask_id=mask_id,
-        stride=cfg.trainer.stride,
-        windows_per_seq=cfg.trainer.windows_per_seq,
-        seed=cfg.seed,
-    )
-    stream = islice(windows.batches(cfg.trainer.micro_batch_size), 0, None, world)
-    return [int(next(stream).valid.sum()) for _ in range(steps)]
-
-
 def bench_zero(args) -> dict:
     from streakline.pipelines import run_stage
 
@@ -346,8 +325,6 @@ def bench_zero(args) -> dict:
             print(log.getvalue())
             raise
         setup_s = time.perf_counter() - t0
-        tokens = _rank0_tokens(base, steps, world)
-        cum = [sum(tokens[: n + 1]) for n in range(steps)]
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline")
         rows = {}
         for name, extra in ZERO_STAGES:
@@ -365,8 +342,10 @@ def bench_zero(args) -> dict:
             metrics = sorted(root.glob("bench/distill/*/metrics.jsonl"), key=lambda p: p.stat().st_mtime)[-1]
             lines = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
             rate = {x["step"]: x["label_tokens_per_s"] for x in lines if "label_tokens_per_s" in x}
-            # trainer.py: label_tokens_per_s = rank 0's cumulative tokens x world / elapsed since the first step began
-            elapsed = {n: world * cum[n - 1] / r for n, r in rate.items()}
+            seen = {x["step"]: x["label_tokens_seen"] for x in lines if "label_tokens_seen" in x}
+            # alignment/telemetry.py: with log_every=1 each record's step_time is that step's own (training only)
+            step_time = {x["step"]: x["step_time"] for x in lines if "step_time" in x}
+            elapsed = {n: sum(step_time[m] for m in range(1, n + 1)) for n in step_time}
             k = args.zero_skip
             step_s = (elapsed[steps] - elapsed[k]) / (steps - k)
             # The last metrics line is written right after the last step, before the final checkpoint and export:
@@ -375,7 +354,7 @@ def bench_zero(args) -> dict:
             rows[name] = {
                 "step_ms": 1e3 * step_s,
                 "first_steps_ms": 1e3 * elapsed[k] / k,
-                "label_tokens_per_s": world * (cum[-1] - cum[k - 1]) / (elapsed[steps] - elapsed[k]),
+                "label_tokens_per_s": (seen[steps] - seen[k]) / (elapsed[steps] - elapsed[k]),
                 "logged_label_tokens_per_s": rate[steps],
                 "final_loss": lines[-1].get("loss"),
                 "wall_s": t2 - t1,

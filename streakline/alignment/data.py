@@ -226,6 +226,7 @@ class TrajectoryWindows:
         self._count = np.maximum(0, -(-(end - self._first) // stride))  # offsets per trajectory
         unlimited = np.maximum(0, -(-(seq_len - self._first) // stride))
         self.num_windows = int(self._count.sum())
+        self.num_tokens = int(seq_len.sum())  # prompt + completion tokens of every trajectory (the run's metadata)
         self.dropped_windows = int((unlimited - self._count).sum())
         if self.num_windows == 0:
             raise ValueError(

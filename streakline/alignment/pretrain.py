@@ -43,12 +43,13 @@ def causal_lm_loss(
     return loss, (logits.argmax(-1) == targets).float().mean()
 
 
-def _window_noise(
-    shape: tuple[int, int, int], generator: torch.Generator, full: bool = False, full_share: float = 0.0
+def window_noise(
+    shape: tuple[int, int, int], generator: torch.Generator | None, full: bool = False, full_share: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-window mask rate ``t ~ U(eps, 1)`` (``[B, K, 1]``) and which slots are masked (``[B, K, W]``);
     at least one masked slot per window, so every window carries signal. ``full``: every slot masked (t = 1),
-    the situation of a drafter at inference; ``full_share``: that fraction of windows fully masked."""
+    the situation of a drafter at inference; ``full_share``: that fraction of windows fully masked. ``generator``
+    None: the global torch RNG (distill's ``method=mdm``, whose checkpoints save it)."""
     B, K, W = shape
     if full:
         return torch.ones(B, K, 1), torch.ones(B, K, W, dtype=torch.bool)
@@ -90,7 +91,7 @@ def mdm_window_loss(
     # Offsets and noise are drawn on the generator's device (the CPU: the same draws on every machine), then moved
     # to ids' device (pack_windows checks the offsets where they are drawn, then moves them).
     offsets = window_offsets(B, windows, T, width, generator)
-    rate, masked = _window_noise((B, windows, width), generator, full=full_mask, full_share=full_share)
+    rate, masked = window_noise((B, windows, width), generator, full=full_mask, full_share=full_share)
     rate, masked = rate.to(ids.device), masked.to(ids.device)
     positions = offsets.to(ids.device)[:, :, None] + torch.arange(width, device=ids.device)
     labels = torch.gather(ids, 1, positions.flatten(1)).view(B, windows, width)

@@ -5,6 +5,8 @@ Everything the trainer needs from the distributed world goes through ``DeepSpeed
     strategy = DeepSpeedStrategy(trainer_cfg, seed=0)           # joins torchrun's process group, or makes a 1-rank one
     engine = strategy.setup(module)                             # ZeRO 0/2/3, fp32/bf16, clipping, warmup+cosine LR
     loss, metrics = engine(batch); strategy.step(engine, loss)  # backward + (accumulated) optimizer step
+    strategy.grad_norm(engine)                                  # the last step's global norm, before clipping
+    rows = strategy.gather([tokens, memory])                    # every rank's numbers (collective)
     strategy.save(engine, folder, client_state)                 # DeepSpeed state for exact resume
     state = strategy.full_state_dict(engine, folder)            # consolidated weights on rank 0 (ZeRO-3 included)
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -70,6 +73,7 @@ class DeepSpeedStrategy:
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.dtype = PRECISIONS[trainer_cfg.precision]
+        self._grad_norm: torch.Tensor | None = None  # step(measure_grad_norm=True) where DeepSpeed keeps none
         torch.manual_seed(seed)
 
     @property
@@ -116,9 +120,39 @@ class DeepSpeedStrategy:
         checkpoints then, not the live module."""
         return self.cfg.zero_stage != 3
 
-    def step(self, engine, loss: torch.Tensor) -> None:
-        engine.backward(loss)
-        engine.step()
+    def step(self, engine, loss: torch.Tensor, *, clock=None, measure_grad_norm: bool = False) -> None:
+        """Backward and (at an accumulation boundary) the optimizer step, timed as ``backward`` and ``optimizer``
+        on ``clock`` (``telemetry.PhaseClock``) when given. ``measure_grad_norm`` on a boundary micro-step keeps the
+        gradient norm for ``grad_norm`` where DeepSpeed computes none."""
+        with clock.phase("backward") if clock is not None else nullcontext():
+            engine.backward(loss)
+        if measure_grad_norm and not hasattr(engine.optimizer, "_global_grad_norm"):
+            # fp32 without ZeRO: DeepSpeed clips with the plain optimizer and drops the norm it computed. The
+            # gradients are whole and already averaged over the ranks here, so their norm is that norm; computed
+            # only when asked (the log steps), and left on the device until read.
+            grads = [p.grad.detach() for p in engine.module.parameters() if p.grad is not None]
+            norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads]
+            self._grad_norm = torch.linalg.vector_norm(torch.stack(norms), 2.0) if norms else None
+        with clock.phase("optimizer") if clock is not None else nullcontext():
+            engine.step()
+
+    def grad_norm(self, engine) -> float | None:
+        """The global 2-norm of the gradients of the last optimizer step, before clipping: DeepSpeed's own (ZeRO
+        1-3, bf16 and fp16 optimizers: the norm over all ranks' partitions, not this rank's shard), else the one
+        ``step(..., measure_grad_norm=True)`` kept. None when neither exists. Reading it syncs the device."""
+        norm = engine.get_global_grad_norm() if hasattr(engine.optimizer, "_global_grad_norm") else self._grad_norm
+        return None if norm is None else float(norm)
+
+    def gather(self, values: list[float]) -> list[list[float]]:
+        """``values`` of every rank, rank order (a collective: every rank calls it with as many values)."""
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return [list(values)]
+        mine = torch.tensor(values, dtype=torch.float64, device=self.device)  # NCCL gathers device tensors only
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(rows, mine)
+        return torch.stack(rows).cpu().tolist()
 
     def save(self, engine, folder: str | os.PathLike, tag: str, client_state: dict[str, Any]) -> None:
         """DeepSpeed state (weights, optimizer, scheduler) plus ``client_state``; collective: every rank calls it."""

@@ -2,6 +2,7 @@
 
     tracker = Tracker(run_dir / "metrics.jsonl", project="streakline", run_id=cfg_hash, config=plain_cfg, enabled=rank0)
     tracker.log({"loss": 0.3, "lr": 1e-4}, step=10)
+    tracker.update_config({"run": {"world_size": 8}})   # known once the engine is built (telemetry.run_metadata)
     tracker.close()
 
 Without a W&B API key the run is logged offline (``wandb sync`` uploads it later) instead of failing.
@@ -110,6 +111,13 @@ class Tracker:
                 elif value is not None:
                     flat[key] = value
             self.wandb.log(flat, step=step)
+
+    def update_config(self, values: dict[str, Any]) -> None:
+        """Add ``values`` to the W&B run's config (the run's shape, known only once the engine is built); a value
+        already there is replaced, as a resumed run may run on another number of ranks. No-op without W&B."""
+        if not self.enabled or self.wandb is None:
+            return
+        self.wandb.config.update(_plain(values), allow_val_change=True)
 
     def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
         """A W&B table of ``rows`` (one column per key of the first row; lists and dicts as JSON text)."""

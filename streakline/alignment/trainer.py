@@ -27,7 +27,6 @@ import os
 import random
 import re
 import signal
-import time
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
@@ -44,6 +43,8 @@ from streakline.models import Transformer
 
 from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
+from .pretrain import window_noise
+from .telemetry import Telemetry, is_wall_clock, run_metadata
 from .windows import slot_rows
 
 FAULT_SIGTERM_AT = "STREAKLINE_FAULT_SIGTERM_AT_STEP"
@@ -218,6 +219,8 @@ class Trainer:
         self.preempted = False
         self.sigterm_at = int(os.environ.get(FAULT_SIGTERM_AT, "0") or 0)
         self.last_export: Path | None = None
+        self.telemetry = Telemetry(strategy, engine, cfg)  # alignment/telemetry.py: what fit logs beyond the loss
+        self.run_info: dict[str, Any] = {}  # the run's shape (telemetry.run_metadata), set by fit on the main rank
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
@@ -257,6 +260,7 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["py_rng"])
         step = int(state["step"])
+        self.telemetry.label_tokens_seen = state.get("label_tokens")  # None: a checkpoint older than the counter
         if self.strategy.is_main:
             self._forget_logged_after(step)  # an earlier attempt of this run may have logged steps past it
         return step
@@ -292,61 +296,83 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self, start_step: int = 0) -> dict[str, Any]:
+        """Train from ``start_step`` to ``trainer.max_steps``; returns the last logged metrics without the wall-clock
+        ones (``telemetry.is_wall_clock``: those stay in the log and W&B) plus the run's shape as ``run/<key>``,
+        which the stage puts in the manifest."""
         c = self.cfg
         world, rank = self.strategy.world_size, self.strategy.rank
         first = start_step * c.grad_accum * world + rank
         stream = islice(self.windows.batches(c.micro_batch_size, start=first), 0, None, world)
         handlers = self._trap_signals()
         last: dict[str, Any] = {}
+        tel = self.telemetry
+        if self.strategy.is_main:
+            self.run_info = run_metadata(self.strategy, self.engine, self.windows, c, tel.params)
+            self.tracker.update_config({"run": self.run_info})
         bar = tqdm(
             total=c.max_steps, initial=start_step, desc="distill", unit="step", disable=not self.strategy.is_main,
             dynamic_ncols=True,
         )  # fmt: skip
+        tel.start(start_step)
         try:
-            t0, tokens = time.perf_counter(), 0
             for step in range(start_step, c.max_steps):
                 metrics: dict[str, Any] = {}
-                for _ in range(c.grad_accum):
-                    batch = next(stream)
-                    loss, metrics = self.engine(batch)
-                    self.strategy.step(self.engine, loss)
-                    tokens += int(batch.valid.sum())
                 done = step + 1
+                log_now = done % max(1, c.log_every) == 0 or done == c.max_steps
+                for micro in range(c.grad_accum):
+                    with tel.phase("data"):
+                        batch = next(stream)
+                    with tel.phase("forward"):
+                        loss, metrics = self.engine(batch)
+                    boundary = micro == c.grad_accum - 1
+                    self.strategy.step(self.engine, loss, clock=tel.clock, measure_grad_norm=log_now and boundary)
+                    tel.count(batch)
                 if done == self.sigterm_at:  # fault injection (tests): a preemption notice at a known step
                     os.kill(os.getpid(), signal.SIGTERM)
-                if self.strategy.is_main and (done % max(1, c.log_every) == 0 or done == c.max_steps):
-                    elapsed = time.perf_counter() - t0
-                    last = {
-                        **metrics,
-                        "loss": float(loss.detach()),  # rank 0's micro-batch (other ranks see other data)
-                        "lr": self.engine.get_lr()[0],
-                        "label_tokens_per_s": tokens * world / max(elapsed, 1e-9),
-                        "zero_stage": c.zero_stage,
-                    }
-                    self.tracker.log(last, step=done)
-                    bar.set_postfix(loss=f"{last['loss']:.4f}", lr=f"{last['lr']:.2e}", refresh=False)
+                if log_now:
+                    telemetry = tel.report(done)  # every rank: it gathers the ranks' counts
+                    if self.strategy.is_main:
+                        last = {
+                            **metrics,
+                            "loss": float(loss.detach()),  # rank 0's micro-batch (other ranks see other data)
+                            "lr": self.engine.get_lr()[0],
+                            **telemetry,
+                            "zero_stage": c.zero_stage,
+                        }
+                        self.tracker.log(last, step=done)
+                        bar.set_postfix(progress(last), refresh=False)
                 bar.update(1)
                 if self.evaluate is not None and (done % c.eval_every == 0 or done == c.max_steps):
-                    result = self.evaluate(done)
+                    with tel.phase("eval"):
+                        result = self.evaluate(done)
                     if result:
                         self.tracker.log(result, step=done)
                         last.update(result)
                         bar.write(f"step {done}: " + summarize(result))
                 if done % c.save_every == 0 or done == c.max_steps or self.preempted:
-                    self.save(done)
+                    with tel.phase("checkpoint"):
+                        self.save(done)
                 if self.preempted:
                     raise Preempted(done)
         finally:
+            tel.stop()
             bar.close()
             for sig, old in handlers.items():
                 signal.signal(sig, old)
         if start_step >= c.max_steps and self.strategy.is_main:  # resumed at the end: no step left to log
             last = self.logged_at(c.max_steps)
-        return last
+        if not self.strategy.is_main:
+            return last
+        return {
+            **{k: v for k, v in last.items() if not is_wall_clock(k)},
+            **{f"run/{k}": v for k, v in self.run_info.items()},
+        }
 
     def save(self, step: int) -> None:
         tag = f"step-{step:06d}"
-        state = {"step": step, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate()}
+        self.telemetry.fold()  # every rank: the label tokens seen so far, all ranks', go into the checkpoint
+        state = {"step": step, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
+                 "label_tokens": self.telemetry.label_tokens_seen}  # fmt: skip
         self.strategy.save(self.engine, self.ds_dir, tag, state)
         kill_point(f"distill:checkpointed:{tag}")
         self._export(step, tag)
@@ -428,6 +454,19 @@ class Trainer:
             except ValueError:  # not the main thread (e.g. inside a test runner thread): no signal handling
                 pass
         return old
+
+
+def progress(record: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's fields from a logged record: loss, lr, seconds per step, label tokens/s (all ranks) and,
+    on a GPU, the fullest rank's peak allocated memory."""
+    out = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}"}
+    if record.get("step_time") is not None:
+        out["step"] = f"{record['step_time']:.3g}s"
+    if record.get("label_tokens_per_s") is not None:
+        out["tok/s"] = f"{record['label_tokens_per_s']:.0f}"
+    if record.get("memory/peak_allocated_gb") is not None:
+        out["mem"] = f"{record['memory/peak_allocated_gb']:.1f}G"
+    return out
 
 
 def _remove_oldest(folder: Path, keep: int, newest: str, protected: set[str | None]) -> list[str]:

@@ -297,6 +297,9 @@ class TrainerConfig:
     stride: int = 1  # completion positions between window offsets
     lora: LoraConfig = field(default_factory=LoraConfig)
     wandb_project: str | None = "streakline"
+    # synchronise the device around every phase of a step, so the logged time split (time/data, time/teacher, ...)
+    # is the device's; off, a GPU run logs no split and telemetry costs no sync (docs/telemetry.md)
+    profile: bool = False
 
 
 @dataclass

@@ -57,7 +57,7 @@ from .runner import Stage, StageResult
 # the run.
 CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
-    "keep_exports",
+    "keep_exports", "profile",
 )  # fmt: skip
 
 
@@ -297,8 +297,8 @@ def _tracker(cfg: DictConfig, stage_run: StageRun, enabled: bool):
         config=OmegaConf.to_container(cfg, resolve=True),
         enabled=enabled,
         name=f"{cfg.experiment.name}/{cfg.method.name}",
-        group="distill",
-        job_type=cfg.method.name,
+        group=cfg.experiment.name,  # one experiment's runs sit together; the run name carries the method
+        job_type="distill",
     )
 
 

@@ -201,7 +201,7 @@ def _start_rows(kind: DrafterKind, runs: list[dict[str, Any]]) -> list[EvalMetho
 
 
 def _log_wandb(cfg: DictConfig, stage_run: StageRun, records: list[dict], figures: dict[str, Path]) -> None:
-    """One W&B run per evaluation (project = experiment, group = stage): summary, the results table, figures."""
+    """One W&B run per evaluation (group = experiment, job type = stage): summary, the results table, figures."""
     from streakline.alignment.tracking import Tracker, experiment_project
 
     tracker = Tracker(
@@ -210,7 +210,7 @@ def _log_wandb(cfg: DictConfig, stage_run: StageRun, records: list[dict], figure
         run_id=f"evaluate-{stage_run.cfg_hash}",
         name=f"{cfg.experiment.name}/evaluate",
         config={"evaluate": stage_settings(cfg)},
-        group="evaluate",
+        group=cfg.experiment.name,
         job_type="evaluate",
     )
     summary = {f"{r['method']}/{r['benchmark']}/T{r['temperature']:g}/speedup": r["speedup"] for r in records}
