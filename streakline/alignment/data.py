@@ -90,14 +90,17 @@ class WindowBatch:
             },
         )
 
-    def pack(self, mask_id: int, shift: bool) -> PackedWindows:
+    def pack(self, mask_id: int, shift: bool, fill: torch.Tensor | None = None) -> PackedWindows:
         """All W windows of each row packed after its clean sequence (``windows.pack_windows``); S = T + W*G.
 
         The result's ``labels`` / ``valid`` ``[B, W, G]`` are this batch's, so filler windows never count in a loss.
         Raises RuntimeError when ``pack_windows`` labels a real window differently (a batch edited out of shape, or
-        ``mask_id`` differing from the one the batch was built with).
+        ``mask_id`` differing from the one the batch was built with). ``fill`` ``[B, W, G]``: the slots' input ids
+        instead of all masks (``method=mdm`` shows the window's unmasked tokens).
         """
-        packed = pack_windows(self.clean, self.offsets, self.gamma, mask_id, shift=shift, pad_valid=self.pad_valid)
+        packed = pack_windows(
+            self.clean, self.offsets, self.gamma, mask_id, shift=shift, fill=fill, pad_valid=self.pad_valid
+        )
         real = self.window_valid[:, :, None].expand_as(self.valid)
         if not (torch.equal(packed.valid & real, self.valid) and torch.equal(packed.labels[real], self.labels[real])):
             raise RuntimeError(

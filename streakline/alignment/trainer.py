@@ -116,13 +116,14 @@ class DraftTrainModule(nn.Module):
         temperature: float = 1.0,
         verifier: Transformer | None = None,
         onpolicy_mix: float = 0.0,
+        mdm_full_share: float = 0.5,
     ) -> None:
         super().__init__()
         if onpolicy_mix > 0 and verifier is None:
             raise ValueError("on-policy windows need the online verifier to score them (method.teacher=online)")
         self.drafter = drafter
         self.settings, self.mask_id, self.temperature = settings, mask_id, temperature
-        self.onpolicy_mix = onpolicy_mix
+        self.onpolicy_mix, self.mdm_full_share = onpolicy_mix, mdm_full_share
         self.packed = drafter.config.attention == "prefix_causal"
         self._verifier = [verifier] if verifier is not None else []  # a list: not a submodule, never trained
 
@@ -134,16 +135,20 @@ class DraftTrainModule(nn.Module):
         batch = batch.to(device)
         shift = self.drafter.config.shift
         keep = batch.window_valid.flatten()
+        noise = self._mdm_noise(batch) if self.settings.name == "mdm" else None
+        fill = None if noise is None else torch.where(noise[1], self.mask_id, batch.labels)
         if self.packed:
-            packed = batch.pack(self.mask_id, shift)
+            packed = batch.pack(self.mask_id, shift, fill=fill)
             h = self.drafter.hidden(packed.input_ids, position_ids=packed.position_ids, attn_mask=packed.attn_mask)
             B, W, G = packed.logit_index.shape
             index = packed.logit_index.reshape(B, W * G)
             picked = torch.gather(h, 1, index[:, :, None].expand(-1, -1, h.shape[-1])).view(B * W, G, -1)[keep]
         else:
             ids, attn, prefix_len, _, _ = unpack_windows(batch, self.mask_id)
-            h = self.drafter.hidden(ids, attention_mask=attn, prefix_len=prefix_len)
             G = batch.labels.shape[-1]
+            if fill is not None:  # the window's unmasked slots show their tokens
+                ids = ids.scatter(1, prefix_len[:, None] + torch.arange(G, device=device), fill[batch.window_valid])
+            h = self.drafter.hidden(ids, attention_mask=attn, prefix_len=prefix_len)
             slots = prefix_len[:, None] + torch.arange(G, device=device) - (1 if shift else 0)
             picked = torch.gather(h, 1, slots[:, :, None].expand(-1, -1, h.shape[-1]))
         labels = batch.labels.flatten(0, 1)[keep]
@@ -165,6 +170,9 @@ class DraftTrainModule(nn.Module):
             }
         elif self._verifier:
             teacher = {"teacher_logits": self._teacher_logits(batch)[keep]}
+        elif noise is not None:
+            rate, masked = noise
+            teacher = {"rate": rate.flatten(0, 1)[keep].flatten(), "masked": masked.flatten(0, 1)[keep]}
         out = compute_loss(
             LossInput(
                 hidden=picked,
@@ -177,6 +185,14 @@ class DraftTrainModule(nn.Module):
             self.settings,
         )
         return out.loss, out.metrics
+
+    def _mdm_noise(self, batch: WindowBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``method=mdm``: each window's mask rate ``[B, W, 1]`` and hidden slots ``[B, W, G]`` (``mdm_full_share``
+        of the windows fully hidden, as drafting sees them), drawn from the global torch RNG on the CPU: the
+        checkpoints save that generator, so a resumed run draws what an unbroken one would."""
+        rate, masked = window_noise(tuple(batch.labels.shape), None, full_share=self.mdm_full_share)
+        device = batch.labels.device
+        return rate.to(device), masked.to(device)
 
     @torch.no_grad()
     def _window_teacher_logits(self, batch: WindowBatch, labels: torch.Tensor) -> torch.Tensor:

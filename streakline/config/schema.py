@@ -219,6 +219,9 @@ class MethodConfig:
     # a DFlash drafter's verifier layer states: computed by the verifier at every step (online), or read from the
     # trajectories, which stage=trajectories stored with data.feature_layers = the drafter's target_layer_ids (stored)
     features: str = "online"
+    # mdm (adapting a drafter cut from an AR model to masked diffusion): the share of windows trained with every slot
+    # masked, as one-step drafting sees them; the others hide each slot with a rate t ~ U(0, 1), weighted 1/t
+    mdm_full_share: float = 0.5
 
 
 @dataclass
@@ -289,6 +292,11 @@ class TrainerConfig:
     # a distill run folder, its deepspeed/ folder or one tag folder there: start from that DeepSpeed checkpoint
     # (weights, optimizer, step, data position, RNG) to extend it; this run's own checkpoint wins once it has one
     resume_from: str | None = None
+    # the weights the drafter starts from instead of its preset's (nothing else: a fresh optimizer and schedule): a
+    # distill run folder (its final drafter/), one of its exports, or "distill:<overrides>", the run this command
+    # makes with those overrides in place of its own, e.g. trainer.init_from='distill:method=mdm' to distill a
+    # drafter after adapting it with the masked-diffusion loss (docs/alignment.md)
+    init_from: str | None = None
     eval_every: int = 500
     log_every: int = 10
     eval_sources: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])  # held-out prompts

@@ -37,6 +37,7 @@ Under ``torchrun`` every rank runs this module; rank 0 writes files and the mani
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.alignment.losses import TEACHER_LOSSES
-from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, read_manifest
-from streakline.config import ConfigError
+from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, config_hash, find_complete, read_manifest
+from streakline.config import ConfigError, compose_config
+from streakline.world import attach_world
 
 from .common.kinds import drafter_kind
 from .common.lookup import trajectories_dir
@@ -69,11 +71,27 @@ class Distill(Stage):
     def uses(self, cfg: DictConfig) -> tuple[str, ...]:
         return ("verifier", "drafter")
 
+    def prepare(self, cfg: DictConfig) -> None:
+        """``trainer.init_from`` becomes the drafter's ``path`` (before the world is attached, so a role with a path
+        keeps it): the key then holds that folder, as for ``model.drafter.path=<folder>``."""
+        if cfg.trainer.init_from:
+            folder = init_folder(cfg)
+            cfg.model.drafter.path, cfg.model.drafter.hub_id = str(folder), None
+            if "source" in cfg.model.drafter:
+                cfg.model.drafter.source = None
+
     def check(self, cfg: DictConfig) -> None:
         method = cfg.method
-        if method.loss == "mdm":
-            raise ConfigError("method=mdm is the pretraining objective (stage=bootstrap); distill with streak, "
-                              "ce_streak, expce, dflash_ce, distillspec or ar_distill")  # fmt: skip
+        if method.loss == "mdm" and drafter_kind(cfg).name != "diffusion":
+            raise ConfigError(
+                f"method=mdm adapts a standalone diffusion drafter to masked diffusion; the {drafter_kind(cfg).name} "
+                "drafter trains with dflash_ce, dpace, streak or ce_streak"
+            )
+        if cfg.trainer.init_from and cfg.trainer.resume_from:
+            raise ConfigError(
+                "trainer.resume_from continues a run from its checkpoint (weights included) and trainer.init_from "
+                "only sets the starting weights: set one of them"
+            )
         if method.features == "stored" and not hasattr(drafter_kind(cfg), "stored_features"):
             raise ConfigError(
                 "method.features=stored feeds a DFlash drafter the verifier states stored with the trajectories; "
@@ -120,6 +138,7 @@ class Distill(Stage):
         # `latest` tag) is part of the key; unset, the key leaves it out and folders of earlier runs keep their hash.
         if trainer.pop("resume_from", None):
             trainer["resume_from"] = _resume_source(cfg)
+        trainer.pop("init_from", None)  # prepare() made it the drafter's path, which the key holds
         kind = drafter_kind(cfg)
         return {
             "drafter": kind.run_key(cfg),
@@ -217,7 +236,11 @@ class Distill(Stage):
 # MethodConfig knobs added or redefined after distill runs existed, with the value earlier run keys recorded. A loss
 # that does not read a knob keeps that value in its key, so its older runs keep their folders; the loss that reads it
 # is keyed by what it now means (dflash_ce with decay_gamma unset takes the paper's value for its block, a new rule).
-LATER_METHOD_DEFAULTS = {"decay_gamma": ("dflash_ce", 7.0), "dpace_alpha": ("dpace", None)}
+LATER_METHOD_DEFAULTS = {
+    "decay_gamma": ("dflash_ce", 7.0),
+    "dpace_alpha": ("dpace", None),
+    "mdm_full_share": ("mdm", None),
+}
 
 
 def method_key(method) -> dict[str, Any]:
@@ -258,6 +281,48 @@ def _resume_source(cfg: DictConfig) -> str:
             f"{cfg.trainer.max_steps} leaves nothing to train; set trainer.max_steps above {step}"
         )
     return str(folder / tag)
+
+
+INIT_RUN = "distill:"  # trainer.init_from=distill:<overrides>: the run those overrides make
+
+
+def init_folder(cfg: DictConfig) -> Path:
+    """The drafter folder ``trainer.init_from`` names: a path (a distill run folder means its final ``drafter/``),
+    or ``distill:<overrides>``, the final drafter of the complete distill run composed from this command's overrides
+    with those in place of its own (same run root and experiment). ConfigError naming the command that makes it when
+    there is no such folder or run."""
+    value = str(cfg.trainer.init_from)
+    if not value.startswith(INIT_RUN):
+        folder = Path(value).expanduser()
+        if (folder / "drafter").is_dir() and not (folder / "config.json").is_file():
+            folder = folder / "drafter"  # a run folder: its final drafter
+        if not (folder / "config.json").is_file():
+            raise ConfigError(
+                f"trainer.init_from={value} is not a drafter checkpoint folder (no config.json there): name a distill "
+                "run folder, one of its checkpoints/step-* exports, or distill:<overrides> for a run of this experiment"
+            )
+        return folder.resolve()
+    wanted = shlex.split(value[len(INIT_RUN) :])
+    if not wanted:
+        raise ConfigError(f"trainer.init_from={value} names no run: give its overrides, e.g. distill:method=mdm")
+    ref = compose_config(_init_overrides(cfg, wanted))
+    STAGE.prepare(ref)  # a chain: that run may start from another
+    attach_world(ref, roles=STAGE.uses(ref), device="cpu")
+    done = find_complete(ref.run_root, ref.experiment.name, STAGE.name, config_hash(STAGE.key(ref)))
+    if done is None or not (done / "drafter").is_dir():
+        make = " ".join(shlex.quote(o) for o in _init_overrides(cfg, wanted))
+        raise ConfigError(
+            f"trainer.init_from={value}: that distill run has not finished; make it first with python launch.py {make}"
+        )
+    return (done / "drafter").resolve()
+
+
+def _init_overrides(cfg: DictConfig, wanted: list[str]) -> list[str]:
+    """This command's overrides with ``wanted`` in place of those it sets (and without ``trainer.init_from``)."""
+    names = {o.split("=", 1)[0].lstrip("+~") for o in wanted}
+    names |= {"stage", "trainer.init_from"}
+    base = [o for o in cfg.overrides if o.split("=", 1)[0].lstrip("+~") not in names]
+    return [*base, "stage=distill", *wanted]
 
 
 def _decode_hint(cfg: DictConfig) -> dict[str, str]:

@@ -56,7 +56,7 @@ DFLASH_VERIFIER = {
     "tiny-dflash": "tiny-verifier",
     "tiny-dflash-1l": "tiny-verifier",
     "qwen3-8b-dflash": "qwen3-8b",
-    "smollm2-dflash": "smollm2-135m",
+    "smol-dflash": "smollm2-135m",
 }
 # Each other checkpoint preset once, the roles taken in turn (a compose costs ~0.2 s; every pairing adds nothing).
 _PLAIN = [p for p in group_options(CONF_DIR, "checkpoint") if p not in DFLASH_VERIFIER]

@@ -176,7 +176,7 @@ def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
         (["method=dflash_ce", "method.gamma=3"], "set method.gamma=4"),
         (["method=distillspec", "method.teacher=online", "method.onpolicy_mix=0.5"], "set method.onpolicy_mix=0"),
         (["method=dflash_ce", "trainer.lora.enabled=true"], "set trainer.lora.enabled=false"),
-        (["method=mdm"], "pretraining objective"),
+        (["method=mdm"], "adapts a standalone diffusion drafter"),
     ],
 )
 def test_what_dflash_training_cannot_do_is_refused_before_any_folder(world, overrides, match):

@@ -62,7 +62,12 @@ SMALL = [
 
 
 def _config(root, experiment):
-    return compose_config(["stage=pipeline", "model=micro", f"experiment={experiment}", f"run_root={root}", *SMALL])
+    overrides = ["stage=pipeline", "model=micro", f"experiment={experiment}", f"run_root={root}", *SMALL]
+    cfg = compose_config(overrides)
+    if cfg.data.feature_layers:  # layer ids are a shape, like the sizes above: the micro DFlash drafter's
+        layers = compose_config(["model=micro", "model.drafter=micro-dflash"]).model.drafter.target_layer_ids
+        cfg = compose_config([*overrides, f"data.feature_layers=[{','.join(map(str, layers))}]"])
+    return cfg
 
 
 def _manifest_folder(output: Path, root: Path) -> Path | None:

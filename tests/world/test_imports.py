@@ -144,7 +144,7 @@ def test_keys_follow_content(imported):
     other = attach_imports(_cfg(root, "model.drafter.source.layers=2"), progress=False)
     assert other.model.drafter.path != cfg.model.drafter.path
     assert load_pretrained(other.model.drafter.path).config.num_layers == 2
-    cache = json.loads((root / "world" / "import" / "sha256.json").read_text())
+    cache = json.loads((root / ".sha256.json").read_text())
     assert list(cache.values()) == [read_manifest(Path(cfg.model.verifier.path).parent).metrics["sha256"]]
 
 

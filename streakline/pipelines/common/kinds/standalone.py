@@ -56,6 +56,7 @@ class StandaloneKind(DrafterKind):
             temperature=temperature,
             verifier=verifier,
             onpolicy_mix=method.onpolicy_mix,
+            mdm_full_share=method.mdm_full_share,
         )
         method_record = OmegaConf.to_container(method, resolve=True)
 
