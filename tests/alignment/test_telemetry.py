@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -45,6 +44,7 @@ from streakline.alignment.tracking import Tracker
 from streakline.alignment.trainer import FAULT_SIGTERM_AT, DraftTrainModule, Preempted, Trainer, progress
 from streakline.config.schema import TrainerConfig
 from streakline.models import Transformer
+from tests.alignment.test_trainer import _rows
 from tests.models.helpers import VOCAB, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,21 +57,6 @@ def _cfg(**values):
     base = dict(name="cpu", zero_stage=0, precision="fp32", lr=3e-3, warmup_steps=1, max_steps=2,
                 micro_batch_size=MICRO, grad_clip=CLIP, save_every=100, eval_every=100, log_every=1)  # fmt: skip
     return OmegaConf.structured(TrainerConfig(**{**base, **values}))
-
-
-def _rows() -> datasets.Dataset:
-    g = torch.Generator().manual_seed(0)
-    n = 6
-    return datasets.Dataset.from_dict(
-        {
-            "prompt_id": [f"p{i}" for i in range(n)],
-            "sample_index": [0] * n,
-            "seed": [0] * n,
-            "finish_reason": ["eos"] * n,
-            "prompt_ids": [torch.randint(0, MASK, (4 + i,), generator=g).tolist() for i in range(n)],
-            "completion_ids": [torch.randint(0, MASK, (8 + i,), generator=g).tolist() for i in range(n)],
-        }
-    )
 
 
 def _windows() -> TrajectoryWindows:
