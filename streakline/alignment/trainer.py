@@ -153,7 +153,7 @@ class DraftTrainModule(nn.Module):
             picked = torch.gather(h, 1, slots[:, :, None].expand(-1, -1, h.shape[-1]))
         labels = batch.labels.flatten(0, 1)[keep]
         valid = batch.valid.flatten(0, 1)[keep]
-        teacher = {}
+        reads = {}  # what the loss reads besides the slots: a teacher, or the mdm noise
         if self.onpolicy_mix > 0:
             # DistillSpec's on-policy data: a fraction of the windows get labels drafted by the drafter itself
             # (one denoising step, x ~ Q at the training temperature), and the verifier scores those sequences
@@ -162,17 +162,17 @@ class DraftTrainModule(nn.Module):
                 logits = self.drafter.logits(picked.detach()).float() / max(self.temperature, 1e-6)
                 sampled = torch.distributions.Categorical(logits=logits).sample()
                 labels = torch.where(chosen[:, None] & valid, sampled, labels)
-            teacher = {"teacher_logits": self._window_teacher_logits(batch, labels)}
+            reads = {"teacher_logits": self._window_teacher_logits(batch, labels)}
         elif batch.teacher_ids is not None:
-            teacher = {
+            reads = {
                 "teacher_ids": batch.teacher_ids.flatten(0, 1)[keep],
                 "teacher_logprobs": batch.teacher_logprobs.flatten(0, 1)[keep].float(),
             }
         elif self._verifier:
-            teacher = {"teacher_logits": self._teacher_logits(batch)[keep]}
+            reads = {"teacher_logits": self._teacher_logits(batch)[keep]}
         elif noise is not None:
             rate, masked = noise
-            teacher = {"rate": rate.flatten(0, 1)[keep].flatten(), "masked": masked.flatten(0, 1)[keep]}
+            reads = {"rate": rate.flatten(0, 1)[keep].flatten(), "masked": masked.flatten(0, 1)[keep]}
         out = compute_loss(
             LossInput(
                 hidden=picked,
@@ -180,7 +180,7 @@ class DraftTrainModule(nn.Module):
                 labels=labels,
                 valid=valid,
                 temperature=self.temperature,
-                **teacher,
+                **reads,
             ),
             self.settings,
         )

@@ -305,12 +305,13 @@ def init_folder(cfg: DictConfig) -> Path:
     wanted = shlex.split(value[len(INIT_RUN) :])
     if not wanted:
         raise ConfigError(f"trainer.init_from={value} names no run: give its overrides, e.g. distill:method=mdm")
-    ref = compose_config(_init_overrides(cfg, wanted))
+    overrides = _init_overrides(cfg, wanted)
+    ref = compose_config(overrides)
     STAGE.prepare(ref)  # a chain: that run may start from another
     attach_world(ref, roles=STAGE.uses(ref), device="cpu")
     done = find_complete(ref.run_root, ref.experiment.name, STAGE.name, config_hash(STAGE.key(ref)))
     if done is None or not (done / "drafter").is_dir():
-        make = " ".join(shlex.quote(o) for o in _init_overrides(cfg, wanted))
+        make = " ".join(shlex.quote(o) for o in overrides)
         raise ConfigError(
             f"trainer.init_from={value}: that distill run has not finished; make it first with python launch.py {make}"
         )
