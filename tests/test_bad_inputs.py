@@ -164,7 +164,7 @@ CASES = [
     case("gamma past the position limit", ["stage=decode", "decoder=diffusion_draft", "decoder.gamma=100000",
          "prompt_ids=[5]"], "beyond the verifier's max_position_embeddings", "lower decoder.max_new_tokens"),
     case("max_new_tokens past the position limit", [*DECODE, "decoder.max_new_tokens=5000"],
-         "needs 5002 positions", "lower decoder.max_new_tokens"),
+         "needs 5001 positions", "lower decoder.max_new_tokens"),
     case("prompt id outside the vocabulary", ["stage=decode", "decoder=vanilla", "prompt_ids=[99999]"],
          "prompt_ids has id 99999", "vocabulary has 384"),
     # ------------------------------------------------------------------ environment

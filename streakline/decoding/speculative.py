@@ -142,9 +142,10 @@ def generate(
     ids, mask = left_pad(prompts)
     ids, mask = ids.to(device), mask.to(device)
     B, P = ids.shape
-    # the verifier scores the prompt, the new tokens and one draft window past them (before any allocation: a
+    # the last cycle starts with at most N - 1 new tokens committed and scores its pending token and a draft window
+    # of gamma past it, so the verifier sees at most P + N - 1 + gamma positions (checked before any allocation: a
     # gamma of 100000 is refused here, not by the allocator)
-    check_positions(verifier, P, cfg.max_new_tokens + G, "verifier", "max_new_tokens + gamma")
+    check_positions(verifier, P, cfg.max_new_tokens - 1 + G, "verifier", "max_new_tokens - 1 + gamma")
     # Rows share one cache length, each cycle growing it by the longest accepted path among them, so a batch can in
     # the worst case use B x (new tokens + a tree) slots past the prompt; the cache starts at two rows' worth (what
     # a batch needs in practice; the worst case would cost B times the memory) and grows if a batch needs more.

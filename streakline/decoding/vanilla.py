@@ -34,8 +34,10 @@ class PositionLimitError(UserError, ValueError):
 
 
 def check_positions(model: Transformer, prompt_len: int, extra: int, role: str, what: str = "max_new_tokens") -> None:
-    """Raise PositionLimitError when ``prompt_len`` prompt tokens plus ``extra`` more positions (the new tokens, plus
-    a draft window or block where one is appended) exceed ``model``'s ``max_position_embeddings``."""
+    """Raise PositionLimitError when ``prompt_len`` prompt tokens plus ``extra`` more positions fed to ``model`` exceed
+    its ``max_position_embeddings``. ``extra`` counts what is fed, not what is produced: a decode of N new tokens
+    feeds N - 1 of them (the last one is emitted, never fed back), plus a draft window or block where one is
+    appended."""
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if limit and prompt_len + extra > limit:
         raise PositionLimitError(
@@ -59,7 +61,8 @@ def greedy_generate(
     ids, mask = left_pad(prompts)
     ids, mask = ids.to(device), mask.to(device)
     B = ids.shape[0]
-    check_positions(model, ids.shape[1], max_new_tokens, "model")
+    # the last new token is never fed back, so N new tokens take N - 1 positions past the prompt
+    check_positions(model, ids.shape[1], max_new_tokens - 1, "model", "max_new_tokens - 1")
     cache = KVCache.for_model(model, B, capacity=ids.shape[1] + max_new_tokens, engine=engine)
     try:
         return _greedy(model, ids, mask, cache, max_new_tokens, eos_token_id)

@@ -297,6 +297,8 @@ def fit_positions(cfg: DictConfig, records: list[dict], prompts: list[list[int]]
 
     node = cfg.model.verifier
     limit = int(read_config(locate(node, "verifier"), node.family).max_position_embeddings or 0)
+    # the whole row counts, the last new token too: the feature forward and distill's teacher forward run over
+    # prompt + completion (a decode alone would need one position less)
     room = limit - cfg.data.max_new_tokens
     long = [i for i, p in enumerate(prompts) if limit and len(p) > room]
     if not long:

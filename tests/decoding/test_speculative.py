@@ -159,11 +159,31 @@ def test_a_decode_past_the_position_limit_is_refused_before_any_work():
     limit = model.config.max_position_embeddings
     long_prompt = [[1] * (limit - 3)]
     with pytest.raises(
-        PositionLimitError, match=rf"{limit - 3} tokens plus 8 more positions.*max_position_embeddings={limit}"
+        PositionLimitError, match=rf"{limit - 3} tokens plus 7 more positions.*max_position_embeddings={limit}"
     ):
         greedy_generate(model, long_prompt, 8)
     with pytest.raises(PositionLimitError, match="verifier's max_position_embeddings"):
         generate(model, long_prompt, SpecConfig(max_new_tokens=2, gamma=4), drafter=ARDrafter(causal_copy(model)))
-    with pytest.raises(PositionLimitError, match="100004 more positions"):
+    with pytest.raises(PositionLimitError, match="100003 more positions"):
         generate(model, [[1, 2]], SpecConfig(max_new_tokens=4, gamma=100000), drafter=ARDrafter(causal_copy(model)))
-    assert len(greedy_generate(model, [[1] * (limit - 8)], 8)[0]) == 8  # exactly at the limit is fine
+    # Exactly at the limit is fine: the 8th new token is emitted, never fed, so a prompt of limit - 7 fits; the
+    # speculative decoder's last cycle scores at most N - 1 + gamma positions past the prompt. The hook checks that
+    # no position id the verifier is fed reaches the limit, so the check is not just looser.
+    fed = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: fed.append(int(kw["position_ids"].max())) if kw.get("position_ids") is not None else None,
+        with_kwargs=True,
+    )
+    try:
+        edge = [[1] * (limit - 7)]
+        assert len(greedy_generate(model, edge, 8)[0]) == 8
+        spec = SpecConfig(max_new_tokens=4, gamma=4)
+        drafter = ARDrafter(causal_copy(model))
+        assert generate(model, edge, spec, drafter=drafter).tokens == greedy_generate(model, edge, 4)
+    finally:
+        hook.remove()
+    assert fed and max(fed) == limit - 1
+    with pytest.raises(PositionLimitError):
+        greedy_generate(model, [[1] * (limit - 6)], 8)
+    with pytest.raises(PositionLimitError):
+        generate(model, [[1] * (limit - 6)], spec, drafter=drafter)
