@@ -40,6 +40,7 @@ from streakline.artifacts import disk_full_error, is_disk_full
 from streakline.errors import UserError
 
 from .config import FAMILIES, FamilySpec, TransformerConfig
+from .meta import on_meta
 from .transformer import Transformer
 
 
@@ -280,7 +281,7 @@ def load_pretrained(
     extra = {k for k in set(state) - set(names.values()) - {"lm_head.weight"} if not k.endswith("rotary_emb.inv_freq")}
     if extra:
         raise CheckpointError(f"{folder} has tensors this {cfg.family} layout does not use: {sorted(extra)[:5]}")
-    with torch.device("meta"):
+    with on_meta():
         model = Transformer(cfg)
     ours = {o: state[t].to(dtype) if dtype else state[t] for o, t in names.items()}
     _check_shapes(folder, model, ours, names)

@@ -13,6 +13,7 @@ import dataclasses
 
 import torch
 
+from .meta import on_meta
 from .transformer import Transformer
 
 
@@ -29,7 +30,7 @@ def first_layers(model: Transformer, n: int) -> Transformer:
         for k, v in model.state_dict().items()
         if not k.startswith("layers.") or int(k.split(".")[1]) < n
     }
-    with torch.device("meta"):
+    with on_meta():
         out = Transformer(cfg)
     out.load_state_dict(keep, assign=True, strict=True)
     return out.to(model.embed.weight.device)

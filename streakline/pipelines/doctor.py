@@ -123,11 +123,11 @@ def probe_model(node: DictConfig, role: str) -> dict[str, Any]:
 def _probe_dflash(cfg) -> dict[str, Any]:
     """A DFlash drafter's own parameter count (its embedding and head are the verifier's), counted on the meta device:
     no memory for the weights, whatever their size."""
-    import torch
 
     from streakline.models.dflash import DFlashModel
+    from streakline.models.meta import on_meta
 
-    with torch.device("meta"):
+    with on_meta():
         model = DFlashModel(cfg)
     return {
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.overrides import TorchFunctionMode
 
 from streakline.config import ConfigError
 from streakline.models.builder import CHECKPOINT_KINDS, DTYPES, arch_config, checkpoint_kind, dflash_config, locate
 from streakline.models.checkpoint import CheckpointError, read_config
 from streakline.models.config import SHAPE_FIELDS
 from streakline.models.dflash import DFlashModel
+from streakline.models.meta import on_meta
 
 _QWEN25_7B = dict(  # Qwen2.5-7B: the shapes of Dream-v0 and DiffuCoder-7B (Dream architecture from Qwen2.5-Coder-7B)
     vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4,
@@ -185,26 +185,11 @@ def build_meta(cfg: DictConfig, role: str) -> torch.nn.Module:
     return _build_meta(json.dumps(meta_preset(cfg, role), sort_keys=True), role)
 
 
-class _NoFillOnMeta(TorchFunctionMode):
-    """Skips ``normal_`` on meta tensors, which hold no values anyway: ``nn.Embedding``'s initialisation is the one
-    normal fill a model's construction does, and on the meta device it goes through torch's Python reference, whose
-    first call imports ``torch._dynamo`` (5 s, half of a plan's time on a laptop). Every other call runs as is."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.init.normal_ or func is torch.Tensor.normal_:
-            tensor = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
-            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
-                return tensor
-        return func(*args, **kwargs)
-
-
 @lru_cache(maxsize=64)
 def _build_meta(preset_json: str, role: str) -> torch.nn.Module:
     node = json.loads(preset_json)
     model_class = CHECKPOINT_KINDS[checkpoint_kind(node, role)]
-    # the device mode innermost, so that this mode sees nn.init's call before the device mode runs it
-    with _NoFillOnMeta(), torch.device("meta"):
+    with on_meta():
         if model_class is DFlashModel:
             # the mask token's id fixes no shape; the builder needs one only to fill blocks at decode time
             model = DFlashModel(dflash_config(node, role, mask_token_id=0))
