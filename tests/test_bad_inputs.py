@@ -2,9 +2,11 @@
 environment ends the command with one line on stderr that names the thing at fault and the fix, exit status 2, no
 traceback, and the run root exactly as it was (no file changed, added or removed, apart from Hydra's own logs).
 
-Every case runs the real command line (``python launch.py ...``) in a child process against one run root built
-here from the micro world: trajectories, a SPOT order model and a Spiffy graph, plus copies of the trajectories with a
-cut shard and a garbled manifest, and a folder of bad files. The run root is hashed before and after each case.
+Every case runs the real command line (``launch.py ...`` as ``__main__``) in a child process against one run root
+built here from the micro world: trajectories, a SPOT order model and a Spiffy graph, plus copies of the trajectories
+with a cut shard and a garbled manifest, and a folder of bad files. The run root is hashed before and after each
+case. The children are forked from a warm parent that has done the imports (``tests/forked_cli.py``: 3-5 s a case
+less); the traceback test and the two-writers test start ``python launch.py`` cold.
 
     .venv/bin/python -m pytest tests/test_bad_inputs.py -q
 """
@@ -27,6 +29,7 @@ from streakline.artifacts import DiskFullError, read_manifest
 from streakline.config import compose_config
 from streakline.hashing import sha256_cache
 from streakline.pipelines import run_stage
+from tests.forked_cli import WarmLauncher
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "cat"
@@ -259,8 +262,14 @@ def catalogue(micro_world, tmp_path_factory):
     return root, places
 
 
+@pytest.fixture(scope="module")
+def launcher():
+    with WarmLauncher(cwd=ROOT) as warm:
+        yield warm
+
+
 @pytest.mark.parametrize("bad", CASES, ids=[c.name for c in CASES])
-def test_a_bad_input_gets_one_line_status_2_and_changes_nothing(catalogue, bad):
+def test_a_bad_input_gets_one_line_status_2_and_changes_nothing(catalogue, launcher, bad):
     if bad.name == "vllm backend without vllm" and torch.cuda.is_available():
         pytest.skip("a GPU is here, so vLLM may be too")
     if "GPU" in bad.name and torch.cuda.is_available():
@@ -270,10 +279,7 @@ def test_a_bad_input_gets_one_line_status_2_and_changes_nothing(catalogue, bad):
     before = _tree(root)
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "STREAKLINE_DEBUG")}
     env.update(bad.env)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    proc = launcher.run(args, env)
     # the child's own logging (DeepSpeed's accelerator notice, progress bars) is not ours; our line is the last
     lines = [line for line in proc.stderr.splitlines() if line.startswith("streakline:")]
     assert proc.returncode == 2, proc.stderr[-3000:]

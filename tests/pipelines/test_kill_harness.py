@@ -4,12 +4,11 @@ rerun, must finish with exactly the outputs of an uninterrupted run, and leave n
 distill is killed four times in a row on one run (mid training after a checkpoint; after the last checkpoint but
 before its export, which once left a run that could never finish; after the export but before it was recorded;
 during the manifest write), trajectories, spot and spiffy once each while a shard or the graph is being written.
+The killed processes are forked from a warm parent that has done the imports (``tests/forked_cli.py``).
 Run: ``python -m pytest tests/pipelines/test_kill_harness.py``."""
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from streakline.data.trajectories import load_trajectories
 from streakline.faults import KILL_AT
 from streakline.models import load_pretrained
 from streakline.pipelines import run_stage
+from tests.forked_cli import Completed, WarmLauncher
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ["data.max_prompts=12", "data.samples_per_prompt=1", "data.max_new_tokens=16", "data.num_shards=2",
@@ -42,11 +42,17 @@ def _overrides(root, experiment, stage, *extra):
     return [f"stage={stage}", "model=micro", f"run_root={root}", f"experiment.name={experiment}", *DATA, *extra]
 
 
-def _killed_at(point: str, overrides: list[str]) -> subprocess.CompletedProcess:
-    """Run ``launch.py`` with ``overrides`` in a child process that SIGKILLs itself at ``point``."""
+@pytest.fixture(scope="module")
+def launcher():
+    with WarmLauncher(cwd=ROOT) as warm:
+        yield warm
+
+
+def _killed_at(launcher: WarmLauncher, point: str, overrides: list[str]) -> Completed:
+    """Run ``launch.py`` with ``overrides`` in a child process (forked warm, ``tests/forked_cli.py``) that SIGKILLs
+    itself at ``point``."""
     env = dict(os.environ, **{KILL_AT: point, "WANDB_MODE": "disabled"})  # resumability, not telemetry
-    proc = subprocess.run([sys.executable, "launch.py", *overrides], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    proc = launcher.run(overrides, env)
     assert proc.returncode == -signal.SIGKILL, f"not killed at {point}: rc {proc.returncode}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -67,7 +73,7 @@ def root(micro_world):
     return micro_world[0]
 
 
-def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root):
+def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root, launcher):
     for experiment in ("kill-ref", "kill-distill"):
         run_stage(compose_config(_overrides(root, experiment, "trajectories")))
     reference = run_stage(compose_config(_overrides(root, "kill-ref", "distill", *TRAIN)))
@@ -79,7 +85,7 @@ def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root):
         "remove:step-000003",  # the older checkpoint (keep_last=1) renamed away, not yet deleted
         "atomic:manifest.json",  # everything done but the manifest, killed mid-write
     ):
-        _killed_at(point, args)
+        _killed_at(launcher, point, args)
     (run,) = Path(root, "kill-distill", "distill").iterdir()  # its key names its own trajectories folder
     assert not (run / "manifest.json").exists() and _temp_files(run)  # the last kill left its temp manifest
     done = run_stage(compose_config(args))
@@ -105,10 +111,10 @@ def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root):
         ("spiffy", SPIFFY, "atomic:graph.json"),
     ],
 )
-def test_a_stage_killed_mid_write_finishes_on_rerun_with_the_same_outputs(root, stage, extra, point):
+def test_a_stage_killed_mid_write_finishes_on_rerun_with_the_same_outputs(root, launcher, stage, extra, point):
     reference = run_stage(compose_config(_overrides(root, f"kill-{stage}-ref", stage, *extra)))
     args = _overrides(root, f"kill-{stage}", stage, *extra)
-    _killed_at(point, args)
+    _killed_at(launcher, point, args)
     run = Path(root, f"kill-{stage}", stage, reference.folder.name)  # the same key: the same folder name
     assert _temp_files(run) and not (run / "manifest.json").exists()
     done = run_stage(compose_config(args))
