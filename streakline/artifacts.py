@@ -616,6 +616,28 @@ def wait_for_job_lock(folder: str | os.PathLike, timeout: float = 600.0, poll: f
         time.sleep(poll)
 
 
+def wait_for_complete(
+    root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str, timeout: float = 3600.0, poll: float = 0.5
+) -> Path:
+    """For the ranks of a torchrun job that did not get the lock of a shared artifact one of them makes (an import of
+    the verifier's weights): the run folder once it is complete. RunLockedError after ``timeout`` seconds (torchrun
+    stops the other ranks when one fails, so a long wait means a hung maker)."""
+    deadline = time.monotonic() + timeout
+    while (found := find_complete(root, experiment, stage, cfg_hash)) is None:
+        if time.monotonic() > deadline:
+            folder = run_path(root, experiment, stage, cfg_hash)
+            holder = lock_holder(folder)
+            raise RunLockedError(
+                f"the rank making {folder} did not finish it within {timeout:.0f} s (its lock is held by: "
+                f"{_holder_text(holder) if holder else 'nobody'}); see that rank's error, or make it in one process "
+                "first (any stage with the same model settings does, e.g. python launch.py stage=decode <those "
+                "settings> prompt_ids=[1]), then start the job again",
+                holder,
+            )
+        time.sleep(poll)
+    return found
+
+
 class StageRun:
     """Context manager for one stage run: makes the folder, then writes the manifest last, complete or failed.
 

@@ -418,3 +418,26 @@ def test_a_refused_run_leaves_no_lock_and_no_folder(tmp_path):
             assert (run.dir / artifacts.LOCK_NAME).is_file()
             raise ConfigError("bad setting")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wait_for_complete_returns_the_folder_another_rank_finishes_and_names_a_hung_one(tmp_path):
+    """A torchrun rank waits for the shared folder another rank of its job makes (an import), and gives up with the
+    fix."""
+    import threading
+    import time
+
+    digest = artifacts.config_hash(CFG)
+
+    def rank_0():
+        time.sleep(0.3)
+        with StageRun(tmp_path, "world", "import", CFG) as run:
+            (run.dir / "model").mkdir()
+            run.add_output("model")
+
+    maker = threading.Thread(target=rank_0)
+    maker.start()
+    found = artifacts.wait_for_complete(tmp_path, "world", "import", digest, timeout=60, poll=0.05)
+    maker.join()
+    assert found == artifacts.find_complete(tmp_path, "world", "import", digest) and (found / "model").is_dir()
+    with pytest.raises(artifacts.RunLockedError, match="the rank making .* did not finish .* prompt_ids=\\[1\\]"):
+        artifacts.wait_for_complete(tmp_path, "world", "import", "0" * 12, timeout=0.2, poll=0.05)

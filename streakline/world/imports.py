@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from streakline.artifacts import StageRun, config_hash, find_complete
+from streakline.artifacts import RunLockedError, StageRun, config_hash, find_complete, wait_for_complete
 from streakline.errors import UserError
 from streakline.hashing import file_sha256, folder_fingerprint, run_output, sha256_cache
 from streakline.models import load_pretrained, save_pretrained
@@ -121,6 +121,18 @@ def ensure_import(cfg: DictConfig, role: str, progress: bool = True) -> Path:
     found = find_complete(cfg.run_root, EXPERIMENT, STAGE, config_hash(key))
     if found is not None:
         return found
+    try:
+        return _import(cfg, role, key, progress)
+    except RunLockedError as err:
+        if not err.same_job:
+            raise
+    # Every rank of a torchrun job attaches the imports: the one that got the lock makes them, the others wait for
+    # its folder (as ensure_world does for the tiny world).
+    print(f"import: another rank of this job is importing model.{role}; waiting for it")
+    return wait_for_complete(cfg.run_root, EXPERIMENT, STAGE, config_hash(key))
+
+
+def _import(cfg: DictConfig, role: str, key: dict[str, Any], progress: bool) -> Path:
     with StageRun(cfg.run_root, EXPERIMENT, STAGE, key) as run:
         t = time.perf_counter()
         source = cfg.model[role].source
