@@ -32,7 +32,7 @@ from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import left_pad
 from streakline.models import build
 
-from .common.lookup import locate_block_artifact
+from .common.lookup import locate_block_artifact, precheck_block_artifact
 from .common.prompts import encode, template_applied, unescape
 from .common.roles import bridge_tokenizers, device, role_eos, role_tokenizer
 from .runner import Stage, StageResult
@@ -46,6 +46,9 @@ class Decode(Stage):
         if cfg.decoder.name in BLOCK + BLOCK_DRAFTED:
             return ("target",)
         return ("verifier",) if cfg.decoder.name == "vanilla" else ("verifier", "drafter")
+
+    def prepare(self, cfg: DictConfig) -> None:
+        precheck_block_artifact(cfg, cfg.decoder.name)  # before a world is built that the lookup would refuse
 
     def check(self, cfg: DictConfig) -> None:
         if (cfg.prompt is None) == (cfg.prompt_ids is None):

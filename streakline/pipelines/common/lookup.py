@@ -273,6 +273,31 @@ def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, 
     )
 
 
+def precheck_block_artifact(cfg: DictConfig, decoder: str, temperatures: list[float] | None = None) -> None:
+    """Before a world is built for ``model.target``: refuse a drafted block decoder (``spot``, ``spiffy``) that no
+    complete run of its stage in this experiment could serve, judged by what is known before the build: the
+    target's preset name and block size. A changed ``model.target.block_size`` or target preset means a new world
+    (a quarter of an hour for the tiny one) that the lookup would refuse right after; this says so first. A run
+    that records no block size passes (the lookup judges it by its key, after the build)."""
+    node = cfg.model.target
+    if decoder not in ("spot", "spiffy") or cfg.decoder.artifact or node.path or cfg.model.get("world") is None:
+        return
+    block = node.block_size
+    for _, m in complete_runs(cfg.run_root, cfg.experiment.name, decoder):
+        recorded = m.metrics.get("block_size")
+        if (m.config.get("target") or {}).get("name") == node.name and recorded in (None, block):
+            return
+    what = "Spiffy graph" if decoder == "spiffy" else "trained order model"
+    T = float(cfg.decoder.temperature if not temperatures else temperatures[0])
+    wanted = _rule(cfg) if decoder == "spot" else {**_rule(cfg), "temperature": T}
+    raise CheckpointError(
+        f"no {what} for target {node.name} (block size {block}) in experiment {cfg.experiment.name!r}, so "
+        f"decoder={decoder} would be refused after building a new world for this target; run "
+        f"{_make_command(cfg, decoder, wanted)} first (it builds the world), or set decoder.artifact=<"
+        f"{'a graph.json' if decoder == 'spiffy' else 'an order_model folder'}>"
+    )
+
+
 def locate_block_artifact(cfg: DictConfig, decoder: str, temperature: float | None = None) -> Path:
     """The artifact a drafted block decoder (``spot`` or ``spiffy``) reads at ``temperature`` (default
     ``decoder.temperature``)."""
