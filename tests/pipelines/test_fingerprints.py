@@ -197,3 +197,26 @@ def test_a_folder_of_the_users_enters_by_its_content(world, tmp_path):
     save_file(state, folder / "model.safetensors")  # the same header: names, dtypes and shapes unchanged
     assert trajectories_key(cfg, tok)["verifier_weights"] != first["verifier_weights"]
     assert DISTILL.key(OmegaConf.merge(cfg, {"model": {"drafter": {"path": str(folder)}}}))["drafter_weights"]
+
+
+def test_evaluate_names_a_users_folder_by_its_content(world, tmp_path):
+    """evaluate's key gains the fingerprint of a folder of the user's (other weights saved over it move it), and a
+    world's checkpoints add nothing, so earlier evaluate runs keep their folders."""
+    from safetensors.torch import load_file, save_file
+
+    from streakline.pipelines.evaluate import STAGE as EVALUATE
+
+    root, _ = world
+    cfg = attach_world(_cfg(root, "stage.methods=[{name: vanilla, decoder: vanilla}]", stage="evaluate"),
+                       progress=False)  # fmt: skip
+    assert "model_content" not in EVALUATE.key(cfg)
+    folder = tmp_path / "verifier"
+    shutil.copytree(cfg.model.verifier.path, folder)
+    cfg = OmegaConf.merge(cfg, {"model": {"verifier": {"path": str(folder)}}})
+    first = EVALUATE.key(cfg)
+    assert first["model_content"] == {"verifier_weights": folder_fingerprint(folder)}
+    state = load_file(folder / "model.safetensors")
+    name = sorted(state)[0]
+    state[name] = state[name] * 2.0
+    save_file(state, folder / "model.safetensors")
+    assert EVALUATE.key(cfg)["model_content"] != first["model_content"]
