@@ -62,6 +62,24 @@ def experiment_project(base: str | None, experiment: str) -> str | None:
     return f"{base}-{experiment}" if base else None
 
 
+def stage_tracker(
+    cfg: Any, stage_run: Any, job_type: str, config: dict, name: str | None = None, enabled: bool = True
+) -> Tracker:
+    """The Tracker of one stage run: ``metrics.jsonl`` in its folder, the experiment's W&B project, run id
+    ``<job_type>-<run hash>`` (a resumed run logs into the same W&B run), group = experiment and job type = stage,
+    so one experiment's runs sit together; ``name`` defaults to ``<experiment>/<job_type>``."""
+    return Tracker(
+        stage_run.dir / "metrics.jsonl",
+        project=experiment_project(cfg.trainer.wandb_project, cfg.experiment.name),
+        run_id=f"{job_type}-{stage_run.cfg_hash}",
+        config=config,
+        enabled=enabled,
+        name=name or f"{cfg.experiment.name}/{job_type}",
+        group=cfg.experiment.name,
+        job_type=job_type,
+    )
+
+
 class Tracker:
     def __init__(
         self,

@@ -38,6 +38,7 @@ STAGES = (
     "sweep",
     "pipeline",
     "plan",
+    "scaling",
 )
 FAMILIES = ("llama", "qwen2", "qwen3", "dream", "sdar", "llada")
 # "auto" is not a family: it defers to the checkpoint folder's config.json.
@@ -56,6 +57,8 @@ DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "static", 
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
 ENGINES = ("auto", "eager", "static", "graphs")  # decoder.engine
+SCALING_LAUNCHES = ("torchrun", "external")  # stage=scaling: who starts the ranks of its throughput runs
+SCALING_METRICS = ("decoder_streak", "sim_streak", "soft_streak")  # distill's held-out check, per source
 # What a checkpoint preset builds (``kind``): a transformer with its own embedding and head, or a DFlash drafter
 # (models/dflash.py: a few layers over the verifier's layer states, drafting with the verifier's embedding and head).
 CHECKPOINT_KINDS = ("transformer", "dflash")
@@ -498,6 +501,29 @@ class PlanStage(StageConfig):
 
 
 @dataclass
+class ScalingStage(StageConfig):
+    """stage=scaling (experiment=scaling): distill throughput against world size, and the held-out accepted streak
+    against training tokens per loss, with a power-law fit each (docs/scaling.md)."""
+
+    # throughput: one distill run per world size, the same global batch split evenly over its ranks
+    world_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
+    # torchrun: start each missing run's ranks on this machine (gloo on CPU, NCCL on its GPUs); external: start
+    # nothing, write the srun commands that make the missing runs and stop until they exist (a Slurm cluster)
+    launch: str = "torchrun"  # SCALING_LAUNCHES
+    ranks_per_node: int | None = None  # external: ranks per node in the srun commands; None: every rank on one node
+    threads_per_rank: int = 1  # OMP_NUM_THREADS of each rank started here
+    global_batch: int = 32  # examples per optimizer step of a throughput run (micro batch = global_batch / world size)
+    throughput_steps: int = 30
+    throughput_method: str = "ce_streak"
+    zero_stage: int = 2
+    # acceptance: one distill run per method and data size, trainer.max_steps long, with the held-out check every
+    # trainer.eval_every steps (each check is a point: its label tokens seen and its mean accepted streak)
+    methods: list[str] = field(default_factory=lambda: ["ce_streak", "distillspec"])
+    data_sizes: list[int] = field(default_factory=lambda: [32, 64, 128])  # data.max_prompts of each trajectory set
+    metric: str = "decoder_streak"  # SCALING_METRICS: the held-out value fitted (eval/<source>/<metric>)
+
+
+@dataclass
 class Config:
     stage: StageConfig = field(default_factory=StageConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -529,6 +555,7 @@ STAGE_SCHEMAS: dict[str, type[StageConfig]] = {
     "evaluate": EvaluateStage,
     "sweep": SweepStage,
     "plan": PlanStage,
+    "scaling": ScalingStage,
 }
 # Where conf/stage/<name>.yaml finds its schema in the ConfigStore (``defaults: [/schema/stage/<name>@_here_]``).
 STAGE_SCHEMA_GROUP = "schema/stage"

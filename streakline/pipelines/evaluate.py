@@ -222,17 +222,9 @@ def _start_rows(kind: DrafterKind, runs: list[dict[str, Any]]) -> list[EvalMetho
 
 def _log_wandb(cfg: DictConfig, stage_run: StageRun, records: list[dict], figures: dict[str, Path]) -> None:
     """One W&B run per evaluation (group = experiment, job type = stage): summary, the results table, figures."""
-    from streakline.alignment.tracking import Tracker, experiment_project
+    from streakline.alignment.tracking import stage_tracker
 
-    tracker = Tracker(
-        stage_run.dir / "metrics.jsonl",
-        project=experiment_project(cfg.trainer.wandb_project, cfg.experiment.name),
-        run_id=f"evaluate-{stage_run.cfg_hash}",
-        name=f"{cfg.experiment.name}/evaluate",
-        config={"evaluate": stage_settings(cfg)},
-        group=cfg.experiment.name,
-        job_type="evaluate",
-    )
+    tracker = stage_tracker(cfg, stage_run, "evaluate", config={"evaluate": stage_settings(cfg)})
     summary = {f"{r['method']}/{r['benchmark']}/T{r['temperature']:g}/speedup": r["speedup"] for r in records}
     tracker.log(summary, step=0)
     tracker.log_table("results", records)

@@ -58,6 +58,10 @@ SMALL = [
     "settings.spiffy.max_new_tokens=8",
     "settings.spiffy.horizon=3",
     "settings.spiffy.batch_size=2",
+    "settings.scaling.world_sizes=[1]",  # more ranks start torchrun: tests/pipelines/test_scaling.py runs 1 and 2
+    "settings.scaling.throughput_steps=2",
+    "settings.scaling.global_batch=2",
+    "settings.scaling.data_sizes=[8]",
 ]
 
 

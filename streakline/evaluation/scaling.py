@@ -1,0 +1,283 @@
+"""The scaling report's arithmetic and drawing (stage=scaling, docs/scaling.md): pure functions of distill runs'
+``metrics.jsonl`` records, with no model, rank or run folder in sight.
+
+    rows = [{"world_size": n, **throughput(read_metrics(folder / "metrics.jsonl"))} for n, folder in runs]
+    add_efficiency(rows)                                        # efficiency against the smallest world size
+    points = acceptance_points(records, "decoder_streak")       # [{"step", "label_tokens", "value"}, ...]
+    fit = fit_power_law([p["label_tokens"] for p in points], [p["value"] for p in points])   # value = a * x ** b
+    throughput_figure(rows, "throughput.png"); acceptance_figure(points_by_loss, fits, "acceptance.png")
+    write_report("scaling.md", summary)
+
+Throughput is distill's telemetry (``label_tokens_per_s``, docs/telemetry.md): the median over the logged
+intervals after the first, whose time holds the engine's first steps (allocation, the first gather). Scaling
+efficiency at world size N is tokens/s per rank over the smallest world size's tokens/s per rank, so ideal scaling
+is 1 and the ideal per-rank line is flat. The power law is a least-squares line through (log tokens, log value);
+points at or below zero have no logarithm and are left out of the fit (the report counts them).
+
+    python -m pytest tests/evaluation/test_scaling.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .figures import _save, plt
+
+TOKENS_KEY = "label_tokens_seen"  # the x axis: label tokens of all ranks since step 0 (telemetry)
+RATE_KEY = "label_tokens_per_s"
+EVAL_PREFIX = "eval/"
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (one JSON object per line, blank lines skipped)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def throughput(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``label_tokens_per_s``, ``step_time`` and ``samples_per_s`` of a run: medians over its logged training
+    intervals after the first (all of them when there is only one); ``intervals`` says how many were used."""
+    lines = [r for r in records if r.get(RATE_KEY) is not None]
+    if not lines:
+        raise ValueError("no training line with label_tokens_per_s in these records")
+    used = lines[1:] if len(lines) > 1 else lines
+    out: dict[str, Any] = {"intervals": len(used)}
+    for key in (RATE_KEY, "step_time", "samples_per_s"):
+        values = [float(r[key]) for r in used if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def efficiency(world_sizes: Sequence[int], tokens_per_s: Sequence[float]) -> list[float]:
+    """Scaling efficiency of each world size: its tokens/s per rank over the smallest world size's (1 is ideal,
+    0.5 means each rank does half the work it did at the smallest size)."""
+    if len(world_sizes) != len(tokens_per_s) or not world_sizes:
+        raise ValueError("give one tokens/s value per world size")
+    base = min(range(len(world_sizes)), key=lambda i: world_sizes[i])
+    per_rank_base = tokens_per_s[base] / world_sizes[base]
+    return [t / n / per_rank_base for n, t in zip(world_sizes, tokens_per_s, strict=True)]
+
+
+def add_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sort throughput rows (``world_size``, ``label_tokens_per_s``) by world size and add ``per_rank`` and
+    ``efficiency`` to each, in place; returns the rows."""
+    rows.sort(key=lambda r: r["world_size"])
+    effs = efficiency([r["world_size"] for r in rows], [r[RATE_KEY] for r in rows])
+    for r, e in zip(rows, effs, strict=True):
+        r["per_rank"] = r[RATE_KEY] / r["world_size"]
+        r["efficiency"] = e
+    return rows
+
+
+def acceptance_points(records: Sequence[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """One point per held-out check in a run's records: ``step``, ``label_tokens`` (the label tokens seen at that
+    step) and ``value``, the mean over the checked sources of ``eval/<source>/<metric>``.
+
+    The tokens come from the training line of the same step; a check at a step with no training line (when
+    ``log_every`` does not divide ``eval_every``) gets them interpolated linearly in steps between the lines around
+    it (tokens grow by one global batch's labels a step). A check before any line, or with no tokens, is left out."""
+    seen = sorted((int(r["step"]), float(r[TOKENS_KEY])) for r in records if r.get(TOKENS_KEY) is not None)
+    suffix = f"/{metric}"
+    by_step: dict[int, list[float]] = {}
+    for r in records:
+        values = [v for k, v in r.items() if k.startswith(EVAL_PREFIX) and k.endswith(suffix) and _number(v)]
+        if values:
+            by_step.setdefault(int(r["step"]), []).extend(float(v) for v in values)
+    points = []
+    for step in sorted(by_step):
+        tokens = _tokens_at(seen, step)
+        if tokens is not None:
+            values = by_step[step]
+            points.append({"step": step, "label_tokens": tokens, "value": sum(values) / len(values)})
+    return points
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _tokens_at(seen: list[tuple[int, float]], step: int) -> float | None:
+    """Label tokens seen at ``step`` from (step, tokens) pairs sorted by step: exact, interpolated or (past the last
+    pair) extrapolated at the last pair's tokens per step; None before the first pair."""
+    exact = dict(seen)
+    if step in exact:
+        return exact[step]
+    before = [(s, t) for s, t in seen if s < step]
+    after = [(s, t) for s, t in seen if s > step]
+    if not before:
+        return None
+    s0, t0 = before[-1]
+    if after:
+        s1, t1 = after[0]
+        return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+    return t0 * step / s0 if s0 > 0 else None
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """``value = a * tokens ** exponent``, fitted by least squares in log-log over ``points`` points (``dropped``
+    were at or below zero); ``r2`` is the fit's coefficient of determination in log space."""
+
+    a: float
+    exponent: float
+    r2: float | None
+    points: int
+    dropped: int
+
+    def __call__(self, x: float) -> float:
+        return self.a * x**self.exponent
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_power_law(x: Sequence[float], y: Sequence[float]) -> PowerLaw | None:
+    """The least-squares line log y = log a + b log x through the points with x > 0 and y > 0, as a
+    :class:`PowerLaw`; None when fewer than two distinct x remain (no slope to fit)."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} x values but {len(y)} y values")
+    kept = [(math.log(a), math.log(b)) for a, b in zip(x, y, strict=True) if a > 0 and b > 0]
+    dropped = len(x) - len(kept)
+    if len({lx for lx, _ in kept}) < 2:
+        return None
+    n = len(kept)
+    mx = sum(lx for lx, _ in kept) / n
+    my = sum(ly for _, ly in kept) / n
+    sxx = sum((lx - mx) ** 2 for lx, _ in kept)
+    sxy = sum((lx - mx) * (ly - my) for lx, ly in kept)
+    b = sxy / sxx
+    intercept = my - b * mx
+    ss_tot = sum((ly - my) ** 2 for _, ly in kept)
+    ss_res = sum((ly - intercept - b * lx) ** 2 for lx, ly in kept)
+    r2 = 1 - ss_res / ss_tot if ss_tot > 0 else None  # every y equal: a flat line fits exactly, R^2 undefined
+    return PowerLaw(a=math.exp(intercept), exponent=b, r2=r2, points=n, dropped=dropped)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def throughput_figure(rows: Sequence[dict[str, Any]], path: str | Path) -> Path | None:
+    """Two panels against world size: label tokens/s per rank with the ideal (flat at the smallest world size's)
+    line, and scaling efficiency with the ideal line at 1. ``rows`` as :func:`add_efficiency` leaves them."""
+    if not rows:
+        return None
+    sizes = [r["world_size"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(sizes, [r["per_rank"] for r in rows], marker="o", label="measured")
+    left.axhline(rows[0]["per_rank"], color="grey", ls="--", lw=1, label="ideal (linear scaling)")
+    left.set(xlabel="world size (ranks)", ylabel="label tokens/s per rank", title="Throughput per rank")
+    left.set_ylim(bottom=0)
+    right.plot(sizes, [r["efficiency"] for r in rows], marker="o", label="measured")
+    right.axhline(1.0, color="grey", ls="--", lw=1, label="ideal")
+    right.set(xlabel="world size (ranks)", ylabel="scaling efficiency", title="Scaling efficiency")
+    right.set_ylim(0, max(1.1, max(r["efficiency"] for r in rows) * 1.1))
+    for ax in (left, right):
+        ax.set_xticks(sizes)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def acceptance_figure(
+    points: dict[str, list[dict[str, Any]]], fits: dict[str, PowerLaw | None], path: str | Path, metric: str
+) -> Path | None:
+    """The held-out ``metric`` against label tokens seen (log x), one colour per loss, one marker per data size
+    (``points[loss]`` entries carry ``data_size``), and each loss's fitted power law with its exponent."""
+    if not any(points.values()):
+        return None
+    markers = "osD^vP*X"
+    sizes = sorted({p["data_size"] for pts in points.values() for p in pts})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (loss, pts) in enumerate(points.items()):
+        color = f"C{i}"
+        for j, size in enumerate(sizes):
+            mine = [p for p in pts if p["data_size"] == size]
+            if mine:
+                ax.scatter([p["label_tokens"] for p in mine], [p["value"] for p in mine], color=color,
+                           marker=markers[j % len(markers)], s=28, alpha=0.8)  # fmt: skip
+        fit = fits.get(loss)
+        label = loss if fit is None else f"{loss}: {fit.a:.3g} x^{fit.exponent:.3f}"
+        xs = sorted(p["label_tokens"] for p in pts if p["label_tokens"] > 0)
+        if fit is not None and xs:
+            grid = [xs[0] * (xs[-1] / xs[0]) ** (k / 49) for k in range(50)]
+            ax.plot(grid, [fit(x) for x in grid], color=color, lw=1.5, label=label)
+        else:
+            ax.plot([], [], color=color, label=f"{label} (no fit)")
+    for j, size in enumerate(sizes):  # the marker legend: data sizes, in black
+        ax.scatter([], [], color="black", marker=markers[j % len(markers)], s=28, label=f"{size} prompts")
+    ax.set_xscale("log")
+    ax.set(xlabel="label tokens seen (log)", ylabel=f"held-out {metric}",
+           title="Mean accepted streak against training tokens")  # fmt: skip
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _f(v: Any, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def write_report(path: str | Path, summary: dict[str, Any]) -> Path:
+    """``scaling.md`` from the summary the stage builds: ``setup`` (what ran), ``throughput`` rows (as
+    :func:`add_efficiency` leaves them), ``acceptance`` points (each with ``method`` and ``data_size``), ``fits``
+    (loss -> :meth:`PowerLaw.as_dict` or None), ``metric`` and ``figures`` (name -> file beside the report)."""
+    from streakline.artifacts import atomic_file
+
+    s = summary["setup"]
+    lines = [f"# Scaling: experiment {s['experiment']}, model={s['model']}", ""]
+    lines += [
+        "## Throughput against world size",
+        "",
+        f"`{s['throughput_method']}` distill runs of {s['throughput_steps']} steps under ZeRO-{s['zero_stage']}, "
+        f"{s['global_batch']} examples per optimizer step split over the ranks ({s['device']}, "
+        f"{s['launch']}). Label tokens/s is the median of the telemetry's `label_tokens_per_s` over the logged "
+        "intervals after the first; efficiency is tokens/s per rank over the smallest world size's (ideal: 1).",
+        "",
+        "| world size | micro batch | label tokens/s | per rank | efficiency | s per step | run |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in summary["throughput"]:
+        lines.append(
+            f"| {r['world_size']} | {r['micro_batch']} | {_f(r[RATE_KEY], '.0f')} | {_f(r['per_rank'], '.0f')} | "
+            f"{_f(r['efficiency'], '.2f')} | {_f(r['step_time'], '.4f')} | `{Path(r['folder']).name}` |"
+        )
+    figures = summary.get("figures", {})
+    if "throughput" in figures:
+        lines += ["", f"![throughput per rank and scaling efficiency]({Path(figures['throughput']).name})"]
+    metric = summary["metric"]
+    lines += [
+        "",
+        "## Accepted streak against training tokens",
+        "",
+        f"Held-out `{metric}` of distill runs of {s['steps']} steps (a check every {s['eval_every']} steps) per loss "
+        f"and data size (prompts of the trajectories), against the label tokens seen at the check. Fit: "
+        f"`{metric} = a * tokens^b`, least squares in log-log over every point of the loss.",
+        "",
+        "| loss | a | exponent b | R^2 (log) | points | left out (<= 0) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for loss, fit in summary["fits"].items():
+        if fit is None:
+            lines.append(f"| {loss} | - | - | - | - | (fewer than two distinct token counts: no fit) |")
+        else:
+            r2 = "- (every point equal)" if fit["r2"] is None else _f(fit["r2"], ".2f")  # flat: saturated or stuck
+            lines.append(
+                f"| {loss} | {_f(fit['a'])} | {_f(fit['exponent'], '.3f')} | {r2} | {fit['points']} | "
+                f"{fit['dropped']} |"
+            )
+    if "acceptance" in figures:
+        lines += ["", f"![accepted streak against training tokens]({Path(figures['acceptance']).name})"]
+    lines += ["", "| loss | prompts | step | label tokens | " + metric + " |", "|---|---|---|---|---|"]
+    for p in summary["acceptance"]:
+        lines.append(
+            f"| {p['method']} | {p['data_size']} | {p['step']} | {_f(p['label_tokens'], '.0f')} | "
+            f"{_f(p['value'], '.3f')} |"
+        )
+    path = Path(path)
+    with atomic_file(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,126 @@
+"""stage=scaling end to end on the micro world at its smallest: throughput runs on 1 and 2 gloo ranks started by
+torchrun (ZeRO-2), two losses' acceptance runs in process, and the report; a rerun with another fitted metric reads
+every distill run back from its key without starting a rank, and logs the figures to W&B (offline); with
+``stage.launch=external`` the missing world size becomes a Slurm job in commands.sh. Bad settings are refused first.
+
+    python -m pytest tests/pipelines/test_scaling.py -q
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from streakline.artifacts import read_manifest
+from streakline.config import ConfigError, compose_config
+from streakline.pipelines import load_stage, run_stage
+from streakline.pipelines import scaling as stage_module
+
+SMALL = [
+    "experiment.name=scaling-e2e",  # its own trajectories and runs: no reuse of test_experiments' (other cadence)
+    "data.max_new_tokens=16",
+    "data.samples_per_prompt=1",
+    "data.batch_size=8",
+    "trainer.max_steps=4",
+    "trainer.save_every=4",
+    "trainer.eval_every=2",  # two held-out checks per run: two points per loss, a slope to fit
+    "trainer.log_every=1",
+    "trainer.eval_prompts=2",
+    "trainer.warmup_steps=1",
+    "trainer.micro_batch_size=2",
+    "settings.scaling.world_sizes=[1,2]",
+    "settings.scaling.throughput_steps=4",
+    "settings.scaling.global_batch=4",
+    "settings.scaling.data_sizes=[8]",
+]
+
+
+def _config(root: Path, *extra: str):
+    return compose_config(["stage=scaling", "experiment=scaling", "model=micro", f"run_root={root}", *SMALL, *extra])
+
+
+@pytest.mark.parametrize(
+    ("setting", "match"),
+    [
+        ("stage.world_sizes=[1,3]", r"must split evenly over every world size \(not over \[3\]\).*global_batch=33"),
+        ("stage.world_sizes=[2,2]", "distinct rank counts"),
+        ("stage.launch=mpi", "choose from: torchrun, external"),
+        ("stage.metric=loss", "choose from: decoder_streak, sim_streak"),
+        ("stage.methods=[ce_streak,nope]", r"name no method preset: \['nope'\]"),
+        ("stage.ranks_per_node=4", r"must fill whole nodes"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_work(setting, match):
+    extra = ["stage.world_sizes=[2,6]", "stage.global_batch=12"] if "ranks_per_node" in setting else []
+    cfg = compose_config(["stage=scaling", "experiment=scaling", *extra, setting])
+    with pytest.raises(ConfigError, match=match):
+        load_stage("scaling").check(cfg)
+
+
+def test_the_slurm_job_of_a_run_holds_exactly_its_nodes():
+    line = stage_module.sbatch_command(16, ["stage=distill", "trainer.micro_batch_size=2"], 8)
+    assert "--nodes=2 --ntasks-per-node=1 --gpus-per-node=8 " in line
+    assert (
+        "-m streakline.launch.slurm --nproc-per-node 8 -- " in line
+        and "stage=distill trainer.micro_batch_size=2" in line
+    )
+    assert "--nodes=1 " in stage_module.sbatch_command(4, ["stage=distill"], None)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_scaling_reports_throughput_and_fits_and_a_rerun_reuses_every_run(micro_world, monkeypatch):
+    from tests.alignment.test_telemetry import _complete_records
+    from tests.launch.test_slurm import _wandb_records
+
+    root = Path(micro_world[0])
+    result = run_stage(_config(root, "trainer.wandb_project=null"))
+    summary = result.details["summary"]
+
+    rows = summary["throughput"]
+    assert [(r["world_size"], r["micro_batch"]) for r in rows] == [(1, 4), (2, 2)]
+    assert rows[0]["efficiency"] == 1.0 and all(r["label_tokens_per_s"] > 0 and r["intervals"] == 3 for r in rows)
+    for r in rows:  # each world size is its own run, and it ran on that many ranks under ZeRO-2
+        manifest = read_manifest(r["folder"])
+        assert manifest.metrics["run/world_size"] == r["world_size"] and manifest.metrics["run/zero_stage"] == 2
+    assert rows[1]["per_rank"] == pytest.approx(rows[1]["label_tokens_per_s"] / 2)
+
+    for loss in ("ce_streak", "distillspec"):
+        points = [p for p in summary["acceptance"] if p["method"] == loss]
+        assert [p["step"] for p in points] == [2, 4] and points[0]["label_tokens"] < points[1]["label_tokens"]
+        fit = summary["fits"][loss]
+        assert fit is None or math.isfinite(fit["exponent"])
+    folder = Path(result.folder)
+    text = (folder / "scaling.md").read_text()
+    assert "| world size | micro batch |" in text and "exponent b" in text
+    assert {Path(p).name for p in result.details["figures"].values()} == {"throughput.png", "acceptance.png"}
+    assert all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in result.details["figures"].values())
+    assert read_manifest(folder).metrics["efficiency/ranks2"] == pytest.approx(rows[1]["efficiency"])
+
+    # Another fitted metric is another report, from the same runs: no rank may start (every run is found by its key).
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("a finished throughput run was started again")
+
+    monkeypatch.setattr(stage_module, "_torchrun", no_ranks)
+    again = run_stage(_config(root, "settings.scaling.metric=sim_streak", "trainer.wandb_project=scaling-test"))
+    assert not again.cached and again.folder != result.folder
+    assert [r["folder"] for r in again.details["summary"]["throughput"]] == [r["folder"] for r in rows]
+    assert {p["folder"] for p in again.details["summary"]["acceptance"]} == {p["folder"] for p in summary["acceptance"]}
+    (log,) = Path(again.folder).glob("wandb/offline-run-*/run-*.wandb")
+    history = set()
+    for rec in _complete_records(log, _wandb_records):
+        if rec.WhichOneof("record_type") == "history":
+            history |= {item.key or "/".join(item.nested_key) for item in rec.history.item}
+    media = {key.split("/")[0] for key in history if key.endswith("/_type")}  # an image or table: its fields
+    assert {"throughput", "acceptance", "throughput_runs", "acceptance_points"} <= media
+    assert {"efficiency/ranks2", "tokens_per_s_per_rank/ranks2"} <= history
+    assert run_stage(_config(root, "settings.scaling.metric=sim_streak")).cached  # the same report: reused whole
+
+    # On a cluster: the runs that exist are read back, the missing one is written out as its Slurm job.
+    with pytest.raises(ConfigError, match=r"1 throughput run\(s\) are not made yet; submit the Slurm jobs in"):
+        run_stage(_config(root, "settings.scaling.launch=external", "settings.scaling.world_sizes=[1,2,4]"))
+    (commands,) = (root / "scaling-e2e" / "scaling").glob("*/commands.sh")
+    (job,) = [line for line in commands.read_text().splitlines() if line.startswith("sbatch")]
+    assert "--nodes=1" in job and "--nproc-per-node 4" in job and "trainer.micro_batch_size=1" in job
