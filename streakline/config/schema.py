@@ -311,6 +311,9 @@ class TrainerConfig:
     # synchronise the device around every phase of a step, so the logged time split (time/data, time/teacher, ...)
     # is the device's; off, a GPU run logs no split and telemetry costs no sync (docs/telemetry.md)
     profile: bool = False
+    # on a GPU, compare the plan's peak for this run with the free memory each rank finds at distill start and warn
+    # with the plan's fix when it does not fit (streakline/planning/free_memory.py); the run goes on either way
+    plan_check: bool = True
 
 
 @dataclass

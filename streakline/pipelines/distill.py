@@ -32,11 +32,14 @@ from scratch, keeps the weights it started from in ``init/`` (the start of its F
 
     python launch.py stage=distill model=micro model.drafter=micro-dflash method=dflash_ce
 
-Under ``torchrun`` every rank runs this module; rank 0 writes files and the manifest.
+Under ``torchrun`` every rank runs this module; rank 0 writes files and the manifest. On a GPU each rank first
+compares the plan's peak with the free memory it finds and warns with the plan's fix (``trainer.plan_check``,
+docs/planning.md).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -59,7 +62,7 @@ from .runner import Stage, StageResult
 # the run.
 CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
-    "keep_exports", "profile",
+    "keep_exports", "profile", "plan_check",
 )  # fmt: skip
 
 
@@ -161,6 +164,8 @@ class Distill(Stage):
         kind = drafter_kind(cfg)
         out, gamma, method = stage_run.dir, kind.gamma(cfg), cfg.method
         strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed)
+        if strategy.cuda and cfg.trainer.plan_check:
+            _plan_check(cfg, strategy)
         tokenizer = role_tokenizer(cfg, kind.tokenizer_role)  # a DFlash drafter drafts in the verifier's vocabulary
         stored_teacher = method.loss in TEACHER_LOSSES and method.teacher == "stored"
         dataset = _trajectories(cfg, tokenizer, stored_teacher)
@@ -353,19 +358,25 @@ def _trajectories(cfg: DictConfig, tokenizer, stored_teacher: bool):
     return dataset
 
 
-def _tracker(cfg: DictConfig, stage_run: StageRun, enabled: bool):
-    from streakline.alignment.tracking import Tracker, experiment_project
+def _plan_check(cfg: DictConfig, strategy) -> None:
+    """The plan's peak for this rank against the free memory CUDA reports on its GPU: a warning line naming the
+    plan's fix on every rank that does not fit, the figures on rank 0 otherwise; training goes on either way."""
+    from streakline.planning.free_memory import distill_start_check
 
-    return Tracker(
-        stage_run.dir / "metrics.jsonl",
-        project=experiment_project(cfg.trainer.wandb_project, cfg.experiment.name),
-        run_id=f"distill-{stage_run.cfg_hash}",
-        config=OmegaConf.to_container(cfg, resolve=True),
-        enabled=enabled,
-        name=f"{cfg.experiment.name}/{cfg.method.name}",
-        group=cfg.experiment.name,  # one experiment's runs sit together; the run name carries the method
-        job_type="distill",
-    )
+    free, _ = torch.cuda.mem_get_info(strategy.device)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))  # torchrun's ranks on this node
+    fits, line = distill_start_check(cfg, free=free, rank=strategy.rank, world=strategy.world_size,
+                                     gpus_per_node=local, device=str(strategy.device))  # fmt: skip
+    if not fits or strategy.is_main:
+        print(line, flush=True)
+
+
+def _tracker(cfg: DictConfig, stage_run: StageRun, enabled: bool):
+    from streakline.alignment.tracking import stage_tracker
+
+    # the run name carries the method: one experiment's distill runs sit together in its group
+    return stage_tracker(cfg, stage_run, "distill", config=OmegaConf.to_container(cfg, resolve=True),
+                         name=f"{cfg.experiment.name}/{cfg.method.name}", enabled=enabled)  # fmt: skip
 
 
 def _evaluator(cfg: DictConfig, tokenizer, gamma: int, mask_id: int, device, verifier):

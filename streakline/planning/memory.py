@@ -99,10 +99,20 @@ def activations(shape: ModelShape, *, tokens: int, checkpointing: bool) -> int:
     return shape.layers * per_layer + stream
 
 
-def attention_mask_bytes(*, rows: int, length: int, explicit: bool) -> int:
-    """An explicit ``[rows, S, S]`` boolean mask (packed windows, padded rows) and the bf16 additive bias SDPA's
-    memory-efficient kernel makes of it; a plain causal or unpadded full forward (FlashAttention) needs none."""
-    return rows * length * length * 3 if explicit else 0
+def attention_mask_bytes(
+    *, rows: int, length: int, explicit: bool, bias_layers: int | None = None, bias_bytes: int = 2
+) -> int:
+    """An explicit ``[rows, S, S]`` boolean mask (packed windows, padded rows), 1 B a query-key pair, and the
+    additive bias SDPA makes of it; a plain causal or unpadded full forward (FlashAttention) needs none.
+
+    ``bias_layers`` None (a GPU): one bf16 bias, as the memory-efficient kernel makes it (3 B a pair in all). Else
+    (SDPA's default path, a CPU) every layer's call turns the mask into a ``[rows, 1, S, S]`` bias of the compute
+    dtype (``bias_bytes``) that autograd keeps for that layer's backward: ``bias_layers`` of them live at once, every
+    layer's, or under activation checkpointing the recomputed one's (measured: tests/planning/test_memory.py)."""
+    if not explicit:
+        return 0
+    pairs = rows * length * length
+    return pairs * 3 if bias_layers is None else pairs * (1 + bias_bytes * bias_layers)
 
 
 def label_logprob_bytes(shape: ModelShape, *, slots: int, chunk: int = DEFAULT_CHUNK, teacher: bool = False) -> int:

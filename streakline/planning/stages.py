@@ -138,7 +138,11 @@ def devices_of(cfg: DictConfig, role: str) -> int:
 
 
 def settings_of(cfg: DictConfig, name: str) -> DictConfig:
-    """Stage ``name``'s settings as that stage would read them (its schema, ``settings.<name>`` over it)."""
+    """Stage ``name``'s settings as that stage would read them: ``cfg.stage`` when the config runs that stage (a
+    ``stage=evaluate stage.batch_size=8`` job checked before submission, a run checked at its start), else its
+    schema with ``settings.<name>`` over it."""
+    if cfg.stage.name == name:
+        return cfg.stage
     return stage_settings_node(name, cfg.settings.get(name) or {})
 
 
@@ -189,12 +193,16 @@ def plan_distill(cfg: DictConfig, shapes: Shapes) -> StagePlan:
     if t.lora.enabled:  # the adapters are weights beside the frozen base (whose count they are not part of)
         states["weights"] += (4 if t.precision == "fp32" else 2) * trainable
     act_scale = 2 if t.precision == "fp32" else 1  # the formulas count bf16 activations
+    # on a CPU, SDPA keeps an additive bias of the mask per layer (memory.attention_mask_bytes)
+    bias_layers = (1 if t.activation_checkpointing else d.layers) if c.name == "cpu" else None
     memory = {
         "weights": states["weights"],
         "gradients": states["gradients"],
         "optimizer states": states["optimizer"],
         "activations": act_scale * mem.activations(d, tokens=tokens, checkpointing=t.activation_checkpointing),
-        "attention masks": mem.attention_mask_bytes(rows=rows, length=length, explicit=True),
+        "attention masks": mem.attention_mask_bytes(
+            rows=rows, length=length, explicit=True, bias_layers=bias_layers, bias_bytes=2 * act_scale
+        ),
         # a DFlash drafter reads out through the verifier's head, which has the same width and vocabulary
         "label log-probs": mem.label_logprob_bytes(d, slots=slots, teacher=online_teacher),
     }

@@ -115,7 +115,7 @@ def test_checkpointing_keeps_fewer_activations():
     assert memory.activations(shape, tokens=8192, checkpointing=False) == 2 * full
 
 
-def _saved_bytes(model, ids):
+def _saved_bytes(model, ids, **kwargs):
     """Bytes of the tensors autograd keeps for backward in a training forward (storages counted once, the
     parameters left out): what the activation formula estimates."""
     seen = {}
@@ -126,7 +126,7 @@ def _saved_bytes(model, ids):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.hidden(ids)
+        model.hidden(ids, **kwargs)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     return sum(n for ptr, n in seen.items() if ptr not in params)
 
@@ -146,3 +146,18 @@ def test_activations_are_what_autograd_saves():
     planned = memory.activations(shape, tokens=ids.numel(), checkpointing=False)
     saved = _saved_bytes(model, ids)
     assert abs(planned - saved) / saved < 0.15, (planned, saved)
+
+
+def test_an_explicit_mask_is_kept_as_a_bias_by_every_layer_on_cpu():
+    """SDPA on CPU turns a boolean mask into a float bias at every layer's call and autograd keeps each one for that
+    layer's backward: what the saved tensors gain with the mask is ``layers`` biases of ``[rows, 1, S, S]`` in the
+    compute dtype (bench/plan_peaks.py found them as the gap between the plan and a CPU distill)."""
+    cfg = TransformerConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4,
+                            num_kv_heads=2)  # fmt: skip
+    model = Transformer(cfg).init_weights(0).train()  # fp32, as trainer=cpu trains
+    rows, length = 2, 40
+    ids = torch.randint(0, cfg.vocab_size, (rows, length))
+    mask = torch.ones(length, length, dtype=torch.bool).tril().expand(rows, length, length).contiguous()
+    biases = _saved_bytes(model, ids, attn_mask=mask) - _saved_bytes(model, ids)
+    planned = memory.attention_mask_bytes(rows=rows, length=length, explicit=True, bias_layers=3, bias_bytes=4)
+    assert biases == planned - mask.numel()  # the boolean mask itself is the batch's, not autograd's
