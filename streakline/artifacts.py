@@ -35,7 +35,7 @@ import socket
 import subprocess
 import time
 import traceback
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import IO, Any
@@ -616,26 +616,50 @@ def wait_for_job_lock(folder: str | os.PathLike, timeout: float = 600.0, poll: f
         time.sleep(poll)
 
 
+# How a waiting rank's message says to make a shared folder in one process: any stage that loads the same models
+# makes the imports they need.
+_MAKE_BY_ANY_STAGE = (
+    "any stage with the same model settings does, e.g. python launch.py stage=decode <those settings> prompt_ids=[1]"
+)
+
+
 def wait_for_complete(
-    root: str | os.PathLike, experiment: str, stage: str, cfg_hash: str, timeout: float = 3600.0, poll: float = 0.5
+    root: str | os.PathLike,
+    experiment: str,
+    stage: str,
+    cfg_hash: str,
+    timeout: float = 3600.0,
+    poll: float = 0.5,
+    *,
+    damage: Callable[[Path], str | None] | None = None,
+    make: str = _MAKE_BY_ANY_STAGE,
 ) -> Path:
     """For the ranks of a torchrun job that did not get the lock of a shared artifact one of them makes (an import of
-    the verifier's weights): the run folder once it is complete. RunLockedError after ``timeout`` seconds (torchrun
-    stops the other ranks when one fails, so a long wait means a hung maker)."""
+    the verifier's weights, the tiny world): the run folder once it is complete. RunLockedError after ``timeout``
+    seconds (torchrun stops the other ranks when one fails, so a long wait means a hung maker).
+
+    ``damage``: a further check of a complete folder, the problem in a few words or None; a folder it finds damaged
+    counts as not made yet (its maker rebuilds it), and the timeout's message names the problem. ``make``: how to make
+    the folder in one process, for that message (default: any stage with the same model settings)."""
     deadline = time.monotonic() + timeout
-    while (found := find_complete(root, experiment, stage, cfg_hash)) is None:
+    while True:
+        problem = None
+        found = find_complete(root, experiment, stage, cfg_hash)
+        if found is not None:
+            problem = damage(found) if damage is not None else None
+            if problem is None:
+                return found
         if time.monotonic() > deadline:
             folder = run_path(root, experiment, stage, cfg_hash)
             holder = lock_holder(folder)
+            damaged = f"; it is complete but damaged: {problem}" if problem else ""
             raise RunLockedError(
                 f"the rank making {folder} did not finish it within {timeout:.0f} s (its lock is held by: "
-                f"{_holder_text(holder) if holder else 'nobody'}); see that rank's error, or make it in one process "
-                "first (any stage with the same model settings does, e.g. python launch.py stage=decode <those "
-                "settings> prompt_ids=[1]), then start the job again",
+                f"{_holder_text(holder) if holder else 'nobody'}{damaged}); see that rank's error, or make it in one "
+                f"process first ({make}), then start the job again",
                 holder,
             )
         time.sleep(poll)
-    return found
 
 
 class StageRun:

@@ -441,3 +441,64 @@ def test_wait_for_complete_returns_the_folder_another_rank_finishes_and_names_a_
     assert found == artifacts.find_complete(tmp_path, "world", "import", digest) and (found / "model").is_dir()
     with pytest.raises(artifacts.RunLockedError, match="the rank making .* did not finish .* prompt_ids=\\[1\\]"):
         artifacts.wait_for_complete(tmp_path, "world", "import", "0" * 12, timeout=0.2, poll=0.05)
+
+
+def test_wait_for_complete_with_a_damage_check_waits_until_the_folder_is_repaired(tmp_path):
+    """A complete folder the check finds damaged (the world's checksums) is not taken: the wait goes on until the
+    maker repairs it, and a timeout names the problem and the caller's way to make it in one process."""
+    import threading
+    import time
+
+    digest = artifacts.config_hash(CFG)
+    with StageRun(tmp_path, "world", "bootstrap", CFG) as run:  # complete, but with a file its check refuses
+        (run.dir / "weights").write_text("bad")
+        run.add_output("weights")
+    checked = []
+
+    def damage(folder: Path) -> str | None:
+        checked.append(folder)
+        return None if (folder / "weights").read_text() == "good" else "weights does not match its checksum"
+
+    with pytest.raises(artifacts.RunLockedError) as err:
+        artifacts.wait_for_complete(tmp_path, "world", "bootstrap", digest, timeout=0.2, poll=0.05, damage=damage,
+                                    make="python launch.py stage=bootstrap model=micro")  # fmt: skip
+    message = str(err.value)
+    assert "\n" not in message and f"the rank making {run.dir} did not finish it within 0 s" in message
+    assert "it is complete but damaged: weights does not match its checksum" in message
+    assert "make it in one process first (python launch.py stage=bootstrap model=micro)" in message
+    assert "prompt_ids" not in message and checked and set(checked) == {run.dir}
+
+    def repair():
+        time.sleep(0.3)
+        (run.dir / "weights").write_text("good")
+
+    fixer = threading.Thread(target=repair)
+    fixer.start()
+    t0 = time.monotonic()
+    found = artifacts.wait_for_complete(tmp_path, "world", "bootstrap", digest, timeout=60, poll=0.05, damage=damage)
+    fixer.join()
+    assert found == run.dir and (found / "weights").read_text() == "good"
+    assert time.monotonic() - t0 >= 0.25  # held while damaged, not returned at the first (complete) sight
+
+
+def test_a_rank_waiting_for_the_world_another_rank_builds_gives_up_in_one_line(tmp_path, monkeypatch):
+    """ensure_world on a rank whose job's other rank holds the world's lock waits for it (wait_for_complete with the
+    world's checksum check), and a hung builder ends the wait with the bootstrap command, not an endless loop."""
+    from streakline.config import compose_config
+    from streakline.world import build as world
+
+    cfg = compose_config(["stage=bootstrap", "model=micro", f"run_root={tmp_path}"])
+    digest = artifacts.config_hash(world.world_key(cfg))
+    folder = artifacts.run_dir(tmp_path, world.WORLD_EXPERIMENT, world.STAGE, digest)
+    job = {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29513", "TORCHELASTIC_RUN_ID": "w"}
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(world, "WORLD_WAIT_S", 0.3)
+    with artifacts.RunLock(folder):  # the builder rank of this job: holds the lock and never finishes
+        with pytest.raises(artifacts.RunLockedError) as err:
+            world.ensure_world(cfg, progress=False)
+    message = str(err.value)
+    assert "\n" not in message and f"the rank making {folder} did not finish it within 0 s" in message
+    assert "make it in one process first (python launch.py stage=bootstrap model=micro " in message
+    assert "prompt_ids" not in message and "damaged" not in message
+    assert [p.name for p in folder.iterdir()] == []  # the waiting rank wrote nothing there

@@ -47,6 +47,7 @@ from streakline.artifacts import (
     config_hash,
     find_complete,
     read_manifest,
+    wait_for_complete,
     write_json_atomic,
 )
 from streakline.config import check_world
@@ -62,6 +63,9 @@ STAGE = "bootstrap"  # the world is this stage's artifact
 ROLES = ("verifier", "drafter", "target")
 # Bump when the recipe's code changes what a config produces, so old caches are not mistaken for new ones.
 RECIPE_VERSION = 2
+# How long a rank waits for another rank of its job to build the world before it gives up (a hung builder): the tiny
+# world takes about 15 minutes on 2 CPU cores.
+WORLD_WAIT_S = 3600.0
 
 
 def world_key(cfg: DictConfig, device: str | torch.device = "cpu") -> dict[str, Any]:
@@ -158,11 +162,13 @@ def ensure_world(cfg: DictConfig, progress: bool = True, device: str | torch.dev
         if not err.same_job:
             raise
         builder = err.holder.get("pid")
-    # Another rank of this torchrun job builds it (every rank attaches the world): wait for its manifest.
+    # Another rank of this torchrun job builds it (every rank attaches the world): wait for its manifest, and for
+    # files that match it (a damaged world the builder is about to replace is not taken).
     print(f"bootstrap: another rank of this job (PID {builder}) is building the world; waiting for it")
-    while (found := find_complete(cfg.run_root, WORLD_EXPERIMENT, STAGE, digest)) is None or _damage(found):
-        time.sleep(1.0)
-    return found
+    make = f"python launch.py stage=bootstrap model={cfg.model.name} <the job's other model.* settings>"
+    return wait_for_complete(
+        cfg.run_root, WORLD_EXPERIMENT, STAGE, digest, WORLD_WAIT_S, poll=1.0, damage=_damage, make=make
+    )
 
 
 def attach_world(
