@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -147,12 +147,41 @@ def _prompt_format(cfg: DictConfig, tokenizer) -> str:
     return "chat_template" if template_applied(tokenizer, cfg.data.chat_template) else "prompt_text"
 
 
+class BlockArtifact(NamedTuple):
+    """What a drafted block decoder reads, as the lookup and its refusals name it."""
+
+    output: str  # its file or folder in the run folder of the stage that makes it
+    what: str  # what a refusal for want of one calls it
+    made: str  # what the refusal of one picked by hand (made for another target) calls it
+    pick: str  # what ``decoder.artifact`` should point at
+
+
+# by the stage that makes it, which is also the decoder that reads it
+BLOCK_ARTIFACTS = {
+    "spot": BlockArtifact(ORDER_MODEL, "trained order model", "SPOT order model", "an order_model folder"),
+    "spiffy": BlockArtifact(GRAPH, "Spiffy graph", "Spiffy graph", "a graph.json"),
+}
+
+
+def _wanted(cfg: DictConfig, stage: str, temperature: float | None = None) -> dict[str, Any]:
+    """The settings a ``stage`` artifact must have been made with: the draft-free rule (``decoder.rule``, with its
+    threshold if it has one) and, for a Spiffy graph, the temperature (``temperature``, default
+    ``decoder.temperature``; an order model serves any temperature)."""
+    if cfg.decoder.rule == "threshold":
+        wanted = {"rule": "threshold", "threshold": float(cfg.decoder.threshold)}
+    else:
+        wanted = {"rule": cfg.decoder.rule}
+    if stage == "spiffy":
+        wanted["temperature"] = float(cfg.decoder.temperature if temperature is None else temperature)
+    return wanted
+
+
 def locate_order_model(cfg: DictConfig) -> Path:
     """The order-model folder ``decoder=spot`` uses: ``decoder.artifact`` if set (refused when made for another
     target or block size), else the newest complete ``stage=spot`` run of this experiment for the same target, its
     weights, block size and tokenizer whose traces came from ``decoder.rule`` (an order model serves any
     temperature); CheckpointError saying what to run otherwise."""
-    wanted = _rule(cfg)
+    wanted = _wanted(cfg, "spot")
     if cfg.decoder.artifact:
         folder = Path(cfg.decoder.artifact).expanduser().absolute()
         if not (folder / "config.json").is_file():
@@ -160,9 +189,9 @@ def locate_order_model(cfg: DictConfig) -> Path:
                 f"decoder.artifact={cfg.decoder.artifact} is not an order-model folder (no config.json there); "
                 "point it at the order_model/ folder of a stage=spot run"
             )
-        _check_made_for(cfg, "spot", _recorded(folder / TARGET_RECORD, folder.parent), "an order_model folder", wanted)
+        _check_made_for(cfg, "spot", _recorded(folder / TARGET_RECORD, folder.parent), wanted)
         return folder
-    return _newest_run(cfg, "spot", wanted, "trained order model", "an order_model folder") / ORDER_MODEL
+    return _newest_run(cfg, "spot", wanted)
 
 
 def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
@@ -170,8 +199,7 @@ def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
     (refused when calibrated on another target or block size), else the newest complete ``stage=spiffy`` run of
     this experiment for the same target, its weights, block size and tokenizer calibrated for ``decoder.rule`` at
     ``temperature`` (default ``decoder.temperature``); CheckpointError otherwise."""
-    T = float(cfg.decoder.temperature if temperature is None else temperature)
-    wanted = {**_rule(cfg), "temperature": T}
+    wanted = _wanted(cfg, "spiffy", temperature)
     if cfg.decoder.artifact:
         path = Path(cfg.decoder.artifact).expanduser().absolute()
         if path.is_dir():
@@ -181,9 +209,9 @@ def locate_graph(cfg: DictConfig, temperature: float | None = None) -> Path:
                 f"decoder.artifact={cfg.decoder.artifact} is not a Spiffy graph (no {path.name} there); point it at "
                 "the graph.json of a stage=spiffy run"
             )
-        _check_made_for(cfg, "spiffy", _recorded(path, path.parent, header=True), "a graph.json", wanted)
+        _check_made_for(cfg, "spiffy", _recorded(path, path.parent, header=True), wanted)
         return path
-    return _newest_run(cfg, "spiffy", wanted, "Spiffy graph", "a graph.json") / GRAPH
+    return _newest_run(cfg, "spiffy", wanted)
 
 
 # What stage=spot writes beside its order model: the target it was trained for (``fingerprints.target_identity``).
@@ -206,23 +234,23 @@ def _recorded(path: Path, run: Path, header: bool = False) -> dict[str, Any]:
     return {k: found[k] for k in IDENTITY if found.get(k) is not None}
 
 
-def _check_made_for(cfg: DictConfig, stage: str, recorded: dict[str, Any], artifact: str, wanted) -> None:
+def _check_made_for(cfg: DictConfig, stage: str, recorded: dict[str, Any], wanted) -> None:
     """Refuse, in one line naming the command that makes a matching one, an artifact recorded as made for another
     target fingerprint or block size than ``model.target`` (an artifact that records neither passes)."""
     checked = [k for k in ("target_fingerprint", "block_size") if k in recorded]
     mine = target_identity(cfg) if checked else {}
     if all(recorded[k] == mine[k] for k in checked):
         return
-    what = "Spiffy graph" if stage == "spiffy" else "SPOT order model"
+    names = BLOCK_ARTIFACTS[stage]
 
     def said(identity: dict[str, Any]) -> str:
         return (f"target {identity.get('target', '?')} (block size {identity.get('block_size', '?')}, weights "
                 f"{identity.get('target_fingerprint', '?')})")  # fmt: skip
 
     raise CheckpointError(
-        f"decoder.artifact={cfg.decoder.artifact} is a {what} made for {said(recorded)}, not for model.target: "
+        f"decoder.artifact={cfg.decoder.artifact} is a {names.made} made for {said(recorded)}, not for model.target: "
         f"{said(mine)}; make one for this target with {_make_command(cfg, stage, wanted)}, or set "
-        f"decoder.artifact=<{artifact} made for it>"
+        f"decoder.artifact=<{names.pick} made for it>"
     )
 
 
@@ -231,18 +259,11 @@ def _make_command(cfg: DictConfig, stage: str, wanted: dict[str, Any]) -> str:
     return f"python launch.py stage={stage} model={cfg.model.name} {target_overrides(cfg)}{need}"
 
 
-def _rule(cfg: DictConfig) -> dict[str, Any]:
-    """The draft-free rule an artifact must have been made for: ``decoder.rule``, with its threshold if it has one."""
-    if cfg.decoder.rule == "threshold":
-        return {"rule": "threshold", "threshold": float(cfg.decoder.threshold)}
-    return {"rule": cfg.decoder.rule}
-
-
-def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, artifact: str) -> Path:
-    """The newest complete ``stage`` run of this experiment whose key has this target (its weights included), its
-    tokenizer, and settings equal to ``wanted``, and whose metrics record this target's fingerprint and block size
-    (a run from before they were recorded is judged by its key); CheckpointError naming the command that makes one
-    otherwise."""
+def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any]) -> Path:
+    """The artifact (``BLOCK_ARTIFACTS[stage].output``) of the newest complete ``stage`` run of this experiment whose
+    key has this target (its weights included), its tokenizer, and settings equal to ``wanted``, and whose metrics
+    record this target's fingerprint and block size (a run from before they were recorded is judged by its key);
+    CheckpointError naming the command that makes one otherwise."""
     from streakline.models.tokenizer import tokenizer_hash
 
     target = role_key(cfg, "target")
@@ -261,15 +282,16 @@ def _newest_run(cfg: DictConfig, stage: str, wanted: dict[str, Any], what: str, 
             found.append((m.finished_at, folder))
         else:
             other += 1
+    names = BLOCK_ARTIFACTS[stage]
     if found:
-        return max(found)[1]
+        return max(found)[1] / names.output
     need = " ".join(f"stage.{k}={v}" for k, v in wanted.items())
     elsewhere = f" ({elsewhere} complete run(s) there are for another target or tokenizer)" if elsewhere else ""
     others = f" ({other} complete run(s) there have other settings)" if other else ""
     raise CheckpointError(
-        f"no {what} for target {cfg.model.target.name} (block size {mine['block_size']}) with "
+        f"no {names.what} for target {cfg.model.target.name} (block size {mine['block_size']}) with "
         f"{need.replace('stage.', '')} in experiment {cfg.experiment.name!r}{elsewhere}{others}; run "
-        f"{_make_command(cfg, stage, wanted)} first, or set decoder.artifact=<{artifact}>"
+        f"{_make_command(cfg, stage, wanted)} first, or set decoder.artifact=<{names.pick}>"
     )
 
 
@@ -280,21 +302,19 @@ def precheck_block_artifact(cfg: DictConfig, decoder: str, temperatures: list[fl
     (a quarter of an hour for the tiny one) that the lookup would refuse right after; this says so first. A run
     that records no block size passes (the lookup judges it by its key, after the build)."""
     node = cfg.model.target
-    if decoder not in ("spot", "spiffy") or cfg.decoder.artifact or node.path or cfg.model.get("world") is None:
+    if decoder not in BLOCK_ARTIFACTS or cfg.decoder.artifact or node.path or cfg.model.get("world") is None:
         return
     block = node.block_size
     for _, m in complete_runs(cfg.run_root, cfg.experiment.name, decoder):
         recorded = m.metrics.get("block_size")
         if (m.config.get("target") or {}).get("name") == node.name and recorded in (None, block):
             return
-    what = "Spiffy graph" if decoder == "spiffy" else "trained order model"
-    T = float(cfg.decoder.temperature if not temperatures else temperatures[0])
-    wanted = _rule(cfg) if decoder == "spot" else {**_rule(cfg), "temperature": T}
+    names = BLOCK_ARTIFACTS[decoder]
+    wanted = _wanted(cfg, decoder, temperatures[0] if temperatures else None)
     raise CheckpointError(
-        f"no {what} for target {node.name} (block size {block}) in experiment {cfg.experiment.name!r}, so "
+        f"no {names.what} for target {node.name} (block size {block}) in experiment {cfg.experiment.name!r}, so "
         f"decoder={decoder} would be refused after building a new world for this target; run "
-        f"{_make_command(cfg, decoder, wanted)} first (it builds the world), or set decoder.artifact=<"
-        f"{'a graph.json' if decoder == 'spiffy' else 'an order_model folder'}>"
+        f"{_make_command(cfg, decoder, wanted)} first (it builds the world), or set decoder.artifact=<{names.pick}>"
     )
 
 
