@@ -34,13 +34,12 @@ from omegaconf import DictConfig, OmegaConf
 from streakline.artifacts import StageRun
 from streakline.config import ConfigError
 from streakline.decoding.registry import BLOCK_DRAFTED
-from streakline.errors import UserError
 from streakline.evaluation.figures import draw_all
 from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.results import hardware, line_name, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
 
-from .common.fingerprints import role_parts
+from .common.fingerprints import roles_parts
 from .common.kinds import DRAFTER_KINDS, DrafterKind, drafter_kind, preset_rows
 from .common.lookup import distill_checkpoints, distill_runs, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
@@ -122,19 +121,11 @@ STAGE = Evaluate()
 
 
 def model_content(cfg: DictConfig) -> dict[str, Any]:
-    """What evaluate's key adds for its roles' content (``fingerprints.role_parts``): ``{"model_content": {...}}``
+    """What evaluate's key adds for its roles' content (``fingerprints.roles_parts``): ``{"model_content": {...}}``
     for a hub id's snapshot or a folder of the user's, nothing for presets and finished stages' folders (whose path
     is exact), so those keys did not move. A role whose weights are not here is left out: this evaluate does not
     load it, or loading it refuses with the fix."""
-    content: dict[str, str] = {}
-    for role in ("verifier", "drafter", "target"):
-        node = cfg.model.get(role)
-        if node is None or not (node.get("path") or node.get("hub_id")):
-            continue
-        try:
-            content.update(role_parts(cfg, role))
-        except UserError:
-            continue
+    content = roles_parts(cfg, ("verifier", "drafter", "target"), skip_missing=True)
     return {"model_content": content} if content else {}
 
 

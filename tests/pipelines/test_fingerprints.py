@@ -220,3 +220,25 @@ def test_evaluate_names_a_users_folder_by_its_content(world, tmp_path):
     state[name] = state[name] * 2.0
     save_file(state, folder / "model.safetensors")
     assert EVALUATE.key(cfg)["model_content"] != first["model_content"]
+
+
+def test_roles_parts_merges_the_roles_and_leaves_out_missing_weights_only_when_asked(world, tmp_path):
+    """roles_parts holds each role's role_parts (a world's folders add nothing); a role whose folder is not there
+    raises unless skip_missing, which also passes over a role the config lacks (evaluate's model_content)."""
+    from streakline.errors import UserError
+    from streakline.pipelines.common.fingerprints import role_parts, roles_parts
+    from streakline.pipelines.evaluate import model_content
+
+    _, cfg = world
+    roles = ("verifier", "drafter", "target")
+    assert roles_parts(cfg, roles) == {} and model_content(cfg) == {}
+    folder = tmp_path / "verifier"
+    shutil.copytree(cfg.model.verifier.path, folder)
+    cfg = OmegaConf.merge(cfg, {"model": {"verifier": {"path": str(folder)}}})
+    mine = {"verifier_weights": folder_fingerprint(folder)}
+    assert roles_parts(cfg, roles) == {**role_parts(cfg, "verifier"), **role_parts(cfg, "target")} == mine
+    cfg = OmegaConf.merge(cfg, {"model": {"drafter": {"path": str(tmp_path / "nowhere")}}})
+    with pytest.raises(UserError, match="model.drafter.path=.* is not a checkpoint folder"):
+        roles_parts(cfg, roles)
+    assert roles_parts(cfg, (*roles, "no_such_role"), skip_missing=True) == mine
+    assert model_content(cfg) == {"model_content": mine}

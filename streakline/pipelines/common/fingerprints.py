@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from streakline.artifacts import config_hash
+from streakline.errors import UserError
 from streakline.hashing import file_sha256, folder_fingerprint, hub_snapshot, run_output, sha256_cache
 
 
@@ -50,6 +52,23 @@ def weights_parts(cfg: DictConfig, role: str) -> dict[str, str]:
 def role_parts(cfg: DictConfig, role: str) -> dict[str, str]:
     """``weights_parts`` named for a key that holds several roles: ``{"<role>_weights": ...}``."""
     return {f"{role}_{k}": v for k, v in weights_parts(cfg, role).items()}
+
+
+def roles_parts(cfg: DictConfig, roles: Iterable[str], skip_missing: bool = False) -> dict[str, str]:
+    """``role_parts`` of each of ``roles``, merged: what a key holding several roles adds for their content.
+    ``skip_missing``: leave out a role ``cfg.model`` lacks and one whose path or hub id holds no weights here
+    (``models.locate`` refuses it), for a key whose stage may not load every role (loading one refuses with the
+    fix); otherwise such a role raises as ``role_parts`` does."""
+    parts: dict[str, str] = {}
+    for role in roles:
+        if skip_missing and cfg.model.get(role) is None:
+            continue
+        try:
+            parts.update(role_parts(cfg, role))
+        except UserError:
+            if not skip_missing:
+                raise
+    return parts
 
 
 def drafter_parts(cfg: DictConfig, kind) -> dict[str, str]:
