@@ -36,6 +36,7 @@ import torch
 from .checkpoint import _LAYER_NAMES, _QK_NORM_NAMES, CheckpointError, _read_safetensors, _swap_into_place, _temp_folder
 from .config import TransformerConfig
 from .dflash import DFlashConfig, DFlashModel
+from .meta import on_meta
 
 SPECULATORS_VERSION = "0.9.0"  # the release whose format this writes (and whose model the interop test loads)
 ARCHITECTURE = "DFlashDraftModel"
@@ -285,7 +286,8 @@ def load_dflash(
         raise CheckpointError(
             f"{folder} maps a reduced draft vocabulary (t2d/d2t); streakline drafts with the verifier's whole head"
         )
-    model = DFlashModel(cfg)
+    with on_meta():  # shapes only: every parameter is the checkpoint's (strict load below), so no random init
+        model = DFlashModel(cfg)
     names = weight_names(cfg)
     missing = [theirs for theirs in names.values() if theirs not in state]
     if missing:
@@ -302,6 +304,6 @@ def load_dflash(
             raise CheckpointError(
                 f"{folder}: {names[name]} has shape {tuple(ours[name].shape)}, its config implies {tuple(param.shape)}"
             )
-    model.load_state_dict(ours)
+    model.load_state_dict(ours, assign=True, strict=True)  # the model holds no buffers: rotary tables are computed
     dtype = dtype or ours["fc.weight"].dtype
     return model.to(device=device, dtype=dtype)

@@ -112,6 +112,9 @@ def test_save_load_round_trip_is_exact(tmp_path):
     assert loaded.dflash.verifier == "Qwen/Qwen3-8B"
     ours, theirs = drafter.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys()
+    # built on the meta device and given the file's tensors: nothing left unloaded, every parameter still trainable
+    assert all(p.device.type == "cpu" and p.requires_grad for p in loaded.parameters())
+    assert not list(loaded.buffers()) and loaded.training
     for name in ours:
         assert ours[name].dtype == theirs[name].dtype == torch.float32
         assert torch.equal(ours[name], theirs[name]), name
