@@ -12,6 +12,8 @@
 #                   cycle cost at the real 7B / 14B shapes, against the speed goals (also as gpu_decode.json)
 #   distill_zero2   stage=distill on the micro world under DeepSpeed ZeRO-2, bf16, NCCL, one rank, 4 steps
 #   distill_zero3   the same under ZeRO-3
+#                   (each distill prints the plan's peak against the free memory at its start and against
+#                   torch.cuda.max_memory_allocated / reserved at its end; the summary repeats those lines)
 #   decode          stage=decode on the micro world, vanilla and diffusion_draft; their tokens must be equal (T=0)
 #   dflash          a DFlash drafter (micro-dflash) trained with dflash_ce under ZeRO-2 in bf16, then decoded with
 #                   dflash_draft: its tokens must be vanilla's (T=0)
@@ -218,6 +220,13 @@ done
 if [ -f "$OUT/gpu_decode.log" ]; then
     echo
     sed -n '/^summary of the speed goals/,$p' "$OUT/gpu_decode.log"
+fi
+# the planner against the measured CUDA peak (pipelines/distill.py prints it at the end of every GPU distill)
+plan_lines=$(grep -h "the plan's peak on\|the plan said" "$OUT"/distill_zero2.log "$OUT"/distill_zero3.log "$OUT"/dflash.log 2>/dev/null)
+if [ -n "$plan_lines" ]; then
+    echo
+    echo "the plan against the measured peaks (docs/planning.md):"
+    echo "$plan_lines"
 fi
 if [ "$GPU" != 1 ]; then
     echo "no CUDA here: bench_kernels was skipped; kernel_tests ran under TRITON_INTERPRET=1, gpu_decode at tiny"

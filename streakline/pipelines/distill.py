@@ -164,8 +164,7 @@ class Distill(Stage):
         kind = drafter_kind(cfg)
         out, gamma, method = stage_run.dir, kind.gamma(cfg), cfg.method
         strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed)
-        if strategy.cuda and cfg.trainer.plan_check:
-            _plan_check(cfg, strategy)
+        planned = _plan_check(cfg, strategy) if strategy.cuda and cfg.trainer.plan_check else None
         tokenizer = role_tokenizer(cfg, kind.tokenizer_role)  # a DFlash drafter drafts in the verifier's vocabulary
         stored_teacher = method.loss in TEACHER_LOSSES and method.teacher == "stored"
         dataset = _trajectories(cfg, tokenizer, stored_teacher)
@@ -222,6 +221,8 @@ class Distill(Stage):
                 stage_run.metrics.update(
                     {k: v for k, v in last.items() if not isinstance(v, dict)}, steps=cfg.trainer.max_steps
                 )
+                if planned is not None:  # the planner measured on every GPU run (docs/planning.md)
+                    stage_run.metrics.update(_peak_against_plan(planned, strategy))
         finally:  # a preempted run too: W&B must close its run, or the resumed run cannot reopen the same id
             tracker.close()
         return StageResult(self.name, out, out / "drafter", last, details={"resumed_from": start, **_decode_hint(cfg)})
@@ -358,17 +359,31 @@ def _trajectories(cfg: DictConfig, tokenizer, stored_teacher: bool):
     return dataset
 
 
-def _plan_check(cfg: DictConfig, strategy) -> None:
+def _plan_check(cfg: DictConfig, strategy) -> int | None:
     """The plan's peak for this rank against the free memory CUDA reports on its GPU: a warning line naming the
-    plan's fix on every rank that does not fit, the figures on rank 0 otherwise; training goes on either way."""
+    plan's fix on every rank that does not fit, the figures on rank 0 otherwise; training goes on either way. Returns
+    the planned peak (None when the planner could not plan the run) for :func:`_peak_against_plan`."""
     from streakline.planning.free_memory import distill_start_check
 
     free, _ = torch.cuda.mem_get_info(strategy.device)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))  # torchrun's ranks on this node
-    fits, line = distill_start_check(cfg, free=free, rank=strategy.rank, world=strategy.world_size,
-                                     gpus_per_node=local, device=str(strategy.device))  # fmt: skip
+    fits, line, planned = distill_start_check(cfg, free=free, rank=strategy.rank, world=strategy.world_size,
+                                              gpus_per_node=local, device=str(strategy.device))  # fmt: skip
     if not fits or strategy.is_main:
         print(line, flush=True)
+    return planned
+
+
+def _peak_against_plan(planned: int, strategy) -> dict[str, float]:
+    """Rank 0's measured CUDA peak beside the plan it was given at the start: printed, and returned for the run's
+    metrics (``plan_peak_gib``, ``peak_allocated_gib``, ``peak_reserved_gib``, ``peak_over_plan``)."""
+    from streakline.planning.free_memory import peak_against_plan
+
+    metrics, line = peak_against_plan(planned=planned, allocated=torch.cuda.max_memory_allocated(strategy.device),
+                                      reserved=torch.cuda.max_memory_reserved(strategy.device),
+                                      device=str(strategy.device), rank=strategy.rank)  # fmt: skip
+    print(line, flush=True)
+    return metrics
 
 
 def _tracker(cfg: DictConfig, stage_run: StageRun, enabled: bool):

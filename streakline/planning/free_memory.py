@@ -11,8 +11,14 @@ A plan over the free memory prints one warning line naming the fix, and training
 from a Slurm submission, which is refused before it queues (``gate.py``): nothing has started there and the fix is
 cheap to apply. ``trainer.plan_check=false`` skips the check.
 
-    fits, line = distill_start_check(cfg, free=free_bytes, rank=0, world=8, gpus_per_node=8, device="cuda:0")
+    fits, line, planned = distill_start_check(cfg, free=free_bytes, rank=0, world=8, gpus_per_node=8, device="cuda:0")
     free_memory_message(planned=90 * GIB, free=79 * GIB, device="cuda:0", rank=0, fix="trainer.zero_stage=3 ...")
+    metrics, line = peak_against_plan(planned=planned, allocated=..., reserved=..., device="cuda:0", rank=0)
+
+At the end of the run every rank sets the peak CUDA memory its tensors took (``torch.cuda.max_memory_allocated``)
+and what the caching allocator held for them (``max_memory_reserved``) beside the plan (:func:`peak_against_plan`):
+rank 0 prints the line and the run's metrics record the figures, so every GPU run measures the planner
+(``bench/gpu.sh`` collects the lines of its distill parts).
 
 Tests: ``python -m pytest tests/planning/test_free_memory.py -q``.
 """
@@ -71,13 +77,34 @@ def plan_for_rank(cfg: DictConfig, *, free: int, rank: int, world: int, gpus_per
 
 def distill_start_check(
     cfg: DictConfig, *, free: int, rank: int, world: int, gpus_per_node: int, device: str
-) -> tuple[bool, str]:
-    """``(fits, line)`` for this rank at distill start (see the module docstring). A config the planner cannot
-    plan (shapes it cannot find) fits, with a line saying so: the check never stops a run."""
+) -> tuple[bool, str, int | None]:
+    """``(fits, line, planned)`` for this rank at distill start (see the module docstring): ``planned`` is the plan's
+    peak in bytes, for :func:`peak_against_plan` at the end. A config the planner cannot plan (shapes it cannot
+    find) fits, with a line saying so and no peak: the check never stops a run."""
     try:
         plan = plan_for_rank(cfg, free=free, rank=rank, world=world, gpus_per_node=gpus_per_node)
     except UserError as e:
-        return True, f"distill: no plan to check against the free memory on {device} ({e}); {SKIP}"
-    return free_memory_message(
+        return True, f"distill: no plan to check against the free memory on {device} ({e}); {SKIP}", None
+    fits, line = free_memory_message(
         planned=plan.peak, free=free, device=device, rank=rank, fix=plan.fix, fix_peak=plan.fix_peak
     )
+    return fits, line, plan.peak
+
+
+def peak_against_plan(*, planned: int, allocated: int, reserved: int, device: str, rank: int) -> tuple[dict, str]:
+    """``(metrics, line)`` at the end of a GPU run: the peak bytes its tensors took (``allocated``) and the caching
+    allocator held (``reserved``) against the plan's ``planned`` peak. The plan models the tensors, so
+    ``allocated / planned`` is the planner's error; what ``reserved`` adds is the allocator's slack, which
+    ``settings.plan.usable_memory`` leaves room for (docs/planning.md)."""
+    ratio = allocated / planned if planned > 0 else float("nan")
+    metrics = {
+        "plan_peak_gib": round(planned / GIB, 3),
+        "peak_allocated_gib": round(allocated / GIB, 3),
+        "peak_reserved_gib": round(reserved / GIB, 3),
+        "peak_over_plan": round(ratio, 3),
+    }
+    line = (
+        f"distill: peak on {device} (rank {rank}): {allocated / GIB:.2f} GiB allocated, {reserved / GIB:.2f} GiB "
+        f"reserved; the plan said {planned / GIB:.2f} GiB (measured / planned {ratio:.2f})"
+    )
+    return metrics, line

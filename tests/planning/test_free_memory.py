@@ -7,7 +7,7 @@ Run: python -m pytest tests/planning/test_free_memory.py -q
 from omegaconf import OmegaConf
 
 from streakline.config import compose_config
-from streakline.planning.free_memory import distill_start_check, free_memory_message, plan_for_rank
+from streakline.planning.free_memory import distill_start_check, free_memory_message, peak_against_plan, plan_for_rank
 from streakline.planning.memory import GIB
 from streakline.planning.stages import Shapes, plan_distill, plan_evaluate
 
@@ -61,18 +61,29 @@ def test_only_rank_0_holds_the_held_out_verifier():
 def test_distill_start_names_the_planners_fix_when_the_gpu_is_short():
     cfg = compose_config(DISTILL)
     big = plan_for_rank(cfg, free=10**15, rank=0, world=8, gpus_per_node=8)
-    fits, line = distill_start_check(cfg, free=big.peak // 2, rank=0, world=8, gpus_per_node=8, device="cuda:0")
-    assert not fits and "WARNING" in line and "fix: " in line
+    fits, line, planned = distill_start_check(
+        cfg, free=big.peak // 2, rank=0, world=8, gpus_per_node=8, device="cuda:0"
+    )
+    assert not fits and "WARNING" in line and "fix: " in line and planned == big.peak
     fixed = plan_for_rank(cfg, free=big.peak // 2, rank=0, world=8, gpus_per_node=8)
     assert fixed.fix is not None and fixed.fix.split(" (")[0] in line  # the verdict's own fix, as overrides
-    fits, line = distill_start_check(cfg, free=2 * big.peak, rank=0, world=8, gpus_per_node=8, device="cuda:0")
+    fits, line, _ = distill_start_check(cfg, free=2 * big.peak, rank=0, world=8, gpus_per_node=8, device="cuda:0")
     assert fits and "WARNING" not in line
 
 
 def test_a_config_the_planner_cannot_plan_never_stops_the_run():
     cfg = compose_config([*DISTILL, "model.drafter.hub_id=nobody/unknown-model"])
-    fits, line = distill_start_check(cfg, free=GIB, rank=0, world=1, gpus_per_node=1, device="cuda:0")
-    assert fits and "no plan to check" in line
+    fits, line, planned = distill_start_check(cfg, free=GIB, rank=0, world=1, gpus_per_node=1, device="cuda:0")
+    assert fits and "no plan to check" in line and planned is None
+
+
+def test_the_end_of_run_line_sets_the_measured_peak_beside_the_plan():
+    metrics, line = peak_against_plan(planned=20 * GIB, allocated=23 * GIB, reserved=26 * GIB, device="cuda:0",
+                                      rank=0)  # fmt: skip
+    assert metrics == {"plan_peak_gib": 20.0, "peak_allocated_gib": 23.0, "peak_reserved_gib": 26.0,
+                       "peak_over_plan": 1.15}  # fmt: skip
+    assert "\n" not in line and "23.00 GiB allocated, 26.00 GiB reserved" in line
+    assert "the plan said 20.00 GiB (measured / planned 1.15)" in line
 
 
 def test_a_stage_is_planned_with_its_own_command_line_settings():
