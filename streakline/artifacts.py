@@ -13,15 +13,14 @@ Typical use inside a stage::
             run.metrics["loss"] = 1.23
         done = run.dir
 
-This module is ground level: it imports nothing from the rest of streakline and never imports torch.
+This module is near ground level: it imports only ``errors``, ``faults`` and ``locks`` (the run folder's lock, one
+writer at a time) from the rest of streakline, and never imports torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -36,12 +35,29 @@ import subprocess
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import IO, Any
 
-from streakline.errors import UserError
+# the error types (and the disk-full check) and the run lock live in errors.py and locks.py; their names are
+# re-exported here for callers
+from streakline.errors import (  # noqa: F401
+    ArtifactError,
+    DiskFullError,
+    RunLockedError,
+    UserError,
+    disk_full_error,
+    is_disk_full,
+)
 from streakline.faults import kill_point
+from streakline.locks import (  # noqa: F401
+    LOCK_NAME,
+    RunLock,
+    _holder_text,
+    _utc_now,
+    lock_holder,
+    torchrun_job,
+    wait_for_job_lock,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,63 +68,6 @@ DEFAULT_PACKAGES = (
     "torch", "transformers", "deepspeed", "peft", "datasets", "hydra-core", "ray", "triton", "safetensors",
     "streakline",
 )  # fmt: skip
-
-
-class ArtifactError(UserError, RuntimeError):
-    """A run folder or manifest is missing, unreadable or inconsistent; the message says how to fix it."""
-
-
-class RunLockedError(ArtifactError):
-    """Another process is writing this run folder (it holds the folder's lock). ``holder``: what the lock file says
-    of it (``host``, ``pid``, ``started_at``, ``job``); ``same_job``: the holder is a rank of this process's own
-    torchrun job."""
-
-    def __init__(self, message: str, holder: Mapping[str, Any] | None = None, same_job: bool = False) -> None:
-        super().__init__(message)
-        self.holder, self.same_job = dict(holder or {}), same_job
-
-
-class DiskFullError(ArtifactError):
-    """A write found its disk (or the user's quota) full; the message names the file, its folder and the space free."""
-
-
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` is a write failing for want of space (ENOSPC, or EDQUOT: the user's quota), also as a library
-    that wraps the OS error in its own type says it (safetensors: ``StorageFull``)."""
-    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        return True
-    text = str(exc)
-    return any(sign in text for sign in ("No space left on device", "StorageFull", "Disk quota exceeded"))
-
-
-def disk_full_error(path: str | os.PathLike, exc: BaseException | None = None, folder: bool = False) -> DiskFullError:
-    """The one-line error for a write to the file ``path`` that found no space: what, where and how much is free
-    there. ``folder``: ``path`` is only the folder the write went to (the failing call did not name its file)."""
-    path = Path(path).absolute()
-    probe = path if folder else path.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = f"{_bytes(shutil.disk_usage(probe).free)} free there"
-    except OSError:
-        free = "free space unknown"
-    quota = " (the user's disk quota is used up)" if isinstance(exc, OSError) and exc.errno == errno.EDQUOT else ""
-    what = f"a write under {path}" if folder else f"writing {path.name} in {path.parent}"
-    return DiskFullError(
-        f"the disk is full{quota}: {what} failed ({free}); free some space there "
-        "(or set run_root=<a folder on a disk with room>) and rerun: what the run finished is kept"
-    )
 
 
 def check_run_root(root: str | os.PathLike) -> None:
@@ -252,10 +211,6 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Serialise ``obj`` fully, then write it atomically; a serialisation error leaves ``path`` untouched."""
     text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False, default=_json_default) + "\n"
     write_text_atomic(path, text)
-
-
-def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 _OPT_STR = (str, type(None))
@@ -429,191 +384,6 @@ def remove_tree(path: str | os.PathLike) -> None:
     path.rename(doomed)
     kill_point(f"remove:{path.name}")  # the kill harness: renamed away, not yet deleted
     shutil.rmtree(doomed)
-
-
-# ------------------------------------------------------------------------------------------------------------------
-# One writer per run folder (docs/artifacts.md, Locks)
-
-LOCK_NAME = ".lock"  # inside the run folder; a dot-name, so no output glob sees it (checksum listings skip it)
-_LOCK_TRIES = 5
-
-
-def torchrun_job() -> str | None:
-    """An id shared by every rank of this process's torchrun job and by no job running beside it (its rendezvous
-    address and run id: two live jobs cannot listen on one port), or None outside such a job."""
-    env = os.environ
-    if "RANK" not in env or not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
-        return None
-    return f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}/{env.get('TORCHELASTIC_RUN_ID', '')}"
-
-
-def _proc_start(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, from /proc), or None where /proc does not say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()  # the command name in parentheses may hold spaces
-    return fields[19] if len(fields) > 19 else None
-
-
-def _pid_alive(pid: int, start: str | None) -> bool:
-    """Whether ``pid`` is a live process on this host, and the same one that started at ``start`` (when given)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: alive
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return True
-    if state in ("Z", "X"):  # killed, not yet reaped by its parent: it holds nothing any more
-        return False
-    return start is None or _proc_start(pid) in (None, start)
-
-
-def _read_holder(fd: int) -> dict[str, Any]:
-    try:
-        data = json.loads(os.pread(fd, 4096, 0).decode("utf-8") or "{}")
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        a, b = os.fstat(fd), os.stat(path)
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _holder_text(holder: Mapping[str, Any]) -> str:
-    if not holder.get("pid"):
-        return "a process that has not yet recorded who it is"
-    return f"PID {holder['pid']} on host {holder.get('host', '?')}, running since {holder.get('started_at', '?')}"
-
-
-class RunLock:
-    """The lock that makes one process the only writer of a run folder: an exclusive ``fcntl.flock`` on
-    ``<folder>/.lock``, which records the holder's host, PID, start time and torchrun job.
-
-    The kernel drops a flock when its process dies, so a killed run never blocks the next; a lock still held for a
-    holder that is gone (a forked child kept the descriptor) is broken when the holder's host is this one and its
-    PID is dead. Releasing deletes the file while still holding it; a process that locked the old file meanwhile
-    sees it is no longer the one at the path and tries again, so two processes never both hold the lock.
-    """
-
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
-        self.path = self.folder / LOCK_NAME
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> RunLock:
-        """Take the lock or raise RunLockedError naming its holder; ArtifactError where the filesystem cannot lock."""
-        for _ in range(_LOCK_TRIES):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as exc:
-                holder = _read_holder(fd)
-                stale = exc.errno in (errno.EAGAIN, errno.EACCES) and self._stale(holder)
-                if stale and _same_file(fd, self.path):
-                    # the holder is dead but a child it forked keeps the lock: a new file at the path is a new lock
-                    log.warning("breaking the lock of dead PID %s in %s", holder.get("pid"), self.folder)
-                    with contextlib.suppress(OSError):
-                        self.path.unlink()
-                os.close(fd)
-                if stale:
-                    continue
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise ArtifactError(
-                        f"cannot lock the run folder {self.folder} ({exc.strerror}): its filesystem does not support "
-                        "file locks; set run_root=<a folder on a local or lock-capable filesystem>"
-                    ) from exc
-                job = torchrun_job()
-                raise RunLockedError(
-                    f"the run folder {self.folder} is being written by another process ({_holder_text(holder)}); "
-                    "wait for it to finish or stop it, then rerun",
-                    holder,
-                    same_job=job is not None and holder.get("job") == job,
-                ) from None
-            if not _same_file(fd, self.path):  # its holder released (and deleted) it while we waited: try anew
-                os.close(fd)
-                continue
-            me = {
-                "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
-                "started_at": _utc_now(), "job": torchrun_job(),
-            }  # fmt: skip
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
-            self._fd = fd
-            return self
-        raise ArtifactError(f"could not lock the run folder {self.folder}: its lock kept changing hands; rerun")
-
-    @staticmethod
-    def _stale(holder: Mapping[str, Any]) -> bool:
-        pid = holder.get("pid")
-        if not isinstance(pid, int) or holder.get("host") != socket.gethostname() or pid == os.getpid():
-            return False
-        return not _pid_alive(pid, holder.get("pid_start"))
-
-    def release(self) -> None:
-        """Delete the lock file and drop the lock; nothing when not held."""
-        if self._fd is None:
-            return
-        if _same_file(self._fd, self.path):
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
-
-
-def lock_holder(folder: str | os.PathLike) -> dict[str, Any]:
-    """What ``<folder>/.lock`` says of its holder (``{}`` when there is no lock file or it says nothing). The
-    record may be stale; only ``RunLock.acquire`` knows whether the lock is held."""
-    try:
-        fd = os.open(Path(folder) / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        return _read_holder(fd)
-    finally:
-        os.close(fd)
-
-
-def wait_for_job_lock(folder: str | os.PathLike, timeout: float = 600.0, poll: float = 0.2) -> None:
-    """For a rank other than 0 of a torchrun job: return once the run folder's lock is held for this job (rank 0
-    takes it), so that the ranks of one job share it and a second job's ranks never join the first's folder.
-    RunLockedError after ``timeout`` seconds without it; nothing outside a torchrun job."""
-    job = torchrun_job()
-    if job is None:
-        return
-    deadline = time.monotonic() + timeout
-    while True:
-        holder = lock_holder(folder)
-        if holder.get("job") == job:
-            return
-        if time.monotonic() > deadline:
-            raise RunLockedError(
-                f"rank 0 of this job did not take the lock of {folder} within {timeout:.0f} s (it holds: "
-                f"{_holder_text(holder) if holder else 'nothing'}); another run may be writing it: wait for it to "
-                "finish or stop it, then rerun",
-                holder,
-            )
-        time.sleep(poll)
 
 
 # How a waiting rank's message says to make a shared folder in one process: any stage that loads the same models

@@ -8,9 +8,27 @@ keeps its traceback. ``STREAKLINE_DEBUG=1`` (or the override ``debug=true``) sho
 too, for when the message is not enough.
 
     class ShardError(UserError, ValueError): ...   # a new kind: also a ValueError, so existing handlers still match
+
+The run folders' errors live here too, not in ``artifacts.py``: ``ArtifactError`` and ``RunLockedError`` are raised
+both there and in ``locks.py``, which sits below it and must not import it. So does the full disk, which any write
+may meet (an atomic file, a checkpoint export, DeepSpeed's state)::
+
+    except OSError as exc:
+        if is_disk_full(exc):                  # ENOSPC, EDQUOT, or a library's own wording of them
+            raise disk_full_error(path, exc) from exc   # DiskFullError: the file, its folder, the space free there
+
+``streakline.artifacts`` re-exports all of these. Tests: ``python -m pytest tests/test_bad_inputs.py
+tests/test_artifacts.py``.
 """
 
+from __future__ import annotations
+
+import errno
 import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 DEBUG_ENV = "STREAKLINE_DEBUG"
 
@@ -22,3 +40,60 @@ class UserError(Exception):
 def debugging() -> bool:
     """True when the user asked for full tracebacks (``STREAKLINE_DEBUG`` set to anything but ``""`` or ``0``)."""
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+class ArtifactError(UserError, RuntimeError):
+    """A run folder or manifest is missing, unreadable or inconsistent; the message says how to fix it."""
+
+
+class RunLockedError(ArtifactError):
+    """Another process is writing this run folder (it holds the folder's lock). ``holder``: what the lock file says
+    of it (``host``, ``pid``, ``started_at``, ``job``); ``same_job``: the holder is a rank of this process's own
+    torchrun job."""
+
+    def __init__(self, message: str, holder: Mapping[str, Any] | None = None, same_job: bool = False) -> None:
+        super().__init__(message)
+        self.holder, self.same_job = dict(holder or {}), same_job
+
+
+class DiskFullError(ArtifactError):
+    """A write found its disk (or the user's quota) full; the message names the file, its folder and the space free."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write failing for want of space (ENOSPC, or EDQUOT: the user's quota), also as a library
+    that wraps the OS error in its own type says it (safetensors: ``StorageFull``)."""
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        return True
+    text = str(exc)
+    return any(sign in text for sign in ("No space left on device", "StorageFull", "Disk quota exceeded"))
+
+
+def disk_full_error(path: str | os.PathLike, exc: BaseException | None = None, folder: bool = False) -> DiskFullError:
+    """The one-line error for a write to the file ``path`` that found no space: what, where and how much is free
+    there. ``folder``: ``path`` is only the folder the write went to (the failing call did not name its file)."""
+    path = Path(path).absolute()
+    probe = path if folder else path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = f"{_bytes(shutil.disk_usage(probe).free)} free there"
+    except OSError:
+        free = "free space unknown"
+    quota = " (the user's disk quota is used up)" if isinstance(exc, OSError) and exc.errno == errno.EDQUOT else ""
+    what = f"a write under {path}" if folder else f"writing {path.name} in {path.parent}"
+    return DiskFullError(
+        f"the disk is full{quota}: {what} failed ({free}); free some space there "
+        "(or set run_root=<a folder on a disk with room>) and rerun: what the run finished is kept"
+    )
