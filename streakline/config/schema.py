@@ -240,6 +240,9 @@ class DataConfig:
     mix_weights: list[float] = field(default_factory=list)  # empty: uniform over prompt_sources
     samples_per_prompt: int = 1
     max_prompts: int | None = None
+    # the seed the trajectories are sampled with; None: the run's seed. Set it (data.seed=0) to train several seeds
+    # (seed=1, seed=2, ...) on one set of trajectories: the data held, only the training runs varied
+    seed: int | None = None
     chat_template: bool = True  # False (or a tokenizer without a chat template): prompts as raw text
     # stage=trajectories: how completions are sampled from the verifier and stored
     temperature: float = 0.5

@@ -54,7 +54,7 @@ from streakline.data.trajectories import (
     write_shard,
 )
 
-from .common.lookup import trajectories_key
+from .common.lookup import data_seed, trajectories_key
 from .common.roles import device, required_tokenizer, role_eos, role_tokenizer
 from .runner import Stage, StageResult
 
@@ -438,7 +438,7 @@ class ShardWorker:
             verifier = build(cfg.model.verifier, "verifier", device=device(), inference=True)
             self.backend = BACKENDS["native"](verifier, settings, tokenizer)
             self.verifier = verifier  # its layer states are the stored features (data.feature_layers)
-        self.seed = cfg.seed
+        self.seed = data_seed(cfg)  # data.seed, else the run's seed
 
     def run(self, shard: int) -> dict[str, Any]:
         items, meta, folder = self.work[shard]

@@ -54,6 +54,7 @@ def _old_trajectories_key(cfg, tok):
             data.pop(key)
     data.pop("allow_eval_overlap", None)
     data.pop("max_feature_gb", None)
+    data.pop("seed", None)  # data.seed came later; unset, the rows' seed is the run's
     node = cfg.model.verifier
     return {"verifier": node.path or node.hub_id, "tokenizer": tok, "data": data, "seed": cfg.seed}
 
@@ -100,6 +101,18 @@ def test_file_hashes_are_cached_by_path_size_and_mtime(tmp_path):
 def test_built_in_sources_and_presets_keep_their_keys(tmp_path):
     cfg = _cfg(tmp_path, "data.prompt_sources=[tiny-math-train,tiny-chat]")
     assert trajectories_key(cfg, TOK) == _old_trajectories_key(cfg, TOK)
+
+
+def test_data_seed_holds_the_trajectories_while_the_training_seed_moves(tmp_path):
+    """data.seed names the trajectories' sampling seed: seed=1 data.seed=0 reads the trajectories seed=0 made (so
+    several training seeds share one set), while seed=1 alone samples its own; distill's key still holds seed."""
+    sources = "data.prompt_sources=[tiny-math-train]"
+    zero = trajectories_key(_cfg(tmp_path, sources, "seed=0"), TOK)
+    assert trajectories_key(_cfg(tmp_path, sources, "seed=1", "data.seed=0"), TOK) == zero
+    assert trajectories_key(_cfg(tmp_path, sources, "seed=0", "data.seed=0"), TOK) == zero
+    assert trajectories_key(_cfg(tmp_path, sources, "seed=1"), TOK)["seed"] == 1
+    assert trajectories_key(_cfg(tmp_path, sources, "seed=0", "data.seed=2"), TOK)["seed"] == 2
+    assert "seed" not in zero["data"]
 
 
 # --------------------------------------------------------------------------------------------- hub revisions

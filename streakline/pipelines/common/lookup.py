@@ -64,9 +64,17 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
             data.pop(key)
     data.pop("allow_eval_overlap", None)  # a permission: the rows do not depend on it
     data.pop("max_feature_gb", None)  # a limit on disk use: neither the rows nor the features depend on it
-    key = {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": cfg.seed}
+    data.pop("seed", None)  # the key's own "seed" is the one the rows are sampled with
+    key = {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": data_seed(cfg)}
     # what the names do not pin (fingerprints.py): nothing for a preset, the world's folders and built-in sources
     return {**key, **role_parts(cfg, "verifier"), **_files(cfg, cfg.data.prompt_sources)}
+
+
+def data_seed(cfg: DictConfig) -> int:
+    """The seed the trajectories are sampled with: ``data.seed``, or the run's ``seed`` when that is unset. A run
+    with ``data.seed`` equal to its ``seed`` has the key of one without it, so ``seed=1 data.seed=0`` trains on the
+    trajectories ``seed=0`` made."""
+    return cfg.seed if cfg.data.get("seed") is None else int(cfg.data.seed)
 
 
 def _files(cfg: DictConfig, sources) -> dict[str, Any]:
