@@ -46,6 +46,7 @@ import json
 import time
 
 import torch
+from omegaconf import OmegaConf
 
 from streakline.alignment.streak import simulated_streak
 from streakline.config import compose_config
@@ -53,7 +54,7 @@ from streakline.data.sources import load_source, prompt_for
 from streakline.decoding.drafters import ARDrafter, DFlashDrafter, DiffusionDrafter
 from streakline.decoding.speculative import SpecConfig, generate
 from streakline.decoding.vanilla import greedy_generate
-from streakline.models import build, load_pretrained
+from streakline.models import build
 from streakline.models.dflash_checkpoint import load_dflash
 from streakline.pipelines import run_stage
 from streakline.pipelines.common.roles import device, role_tokenizer
@@ -165,12 +166,12 @@ def main() -> None:
 
     if dflash:  # the untrained DFlash drafter, and the world's standalone drafter for comparison
         standalone = attach_world(compose_config(["stage=distill", f"model={args.model}", *args.set]), progress=False)
-        world_drafter = load_pretrained(standalone.model.drafter.path).to(device()).eval()
+        world_drafter = build(standalone.model.drafter, "drafter", device=device(), inference=True)
         rows: dict[str, list[dict]] = {"base": [measure(start, "dflash")]}
         rows["standalone_base"] = [measure(world_drafter, "diffusion")]
         print(f"parameters: DFlash drafter {_params(start):,}, standalone drafter {_params(world_drafter):,}")
     else:
-        base_drafter = load_pretrained(cfg.model.drafter.path).to(device()).eval()
+        base_drafter = _load(cfg.model.drafter.path, cfg, verifier)
         rows = {"base": [measure(base_drafter, "diffusion")]}
         if not args.no_ar_draft:
             rows["ar_draft"] = [measure(base_drafter, "ar")]
@@ -179,7 +180,7 @@ def main() -> None:
         init_seed = args.data_seed if args.data_seed is not None else args.seeds[0]
         run_stage(compose_config(["stage=trajectories", *base, f"seed={init_seed}"]))
         adapted = run_stage(compose_config(["stage=distill", *base, *METHODS[args.init], f"seed={init_seed}"]))
-        rows[args.init] = [measure(_load(adapted.artifact, dflash, verifier), "dflash" if dflash else "diffusion")]
+        rows[args.init] = [measure(_load(adapted.artifact, cfg, verifier), "dflash" if dflash else "diffusion")]
         start_from = [f"trainer.init_from={adapted.artifact}"]
         print(f"  {args.init} (seed {init_seed}): {adapted.artifact} ({time.perf_counter() - t0:.0f} s)", flush=True)
     for seed in args.seeds:
@@ -187,7 +188,7 @@ def main() -> None:
         for label in args.methods:
             overrides = ["stage=distill", *base, *METHODS[label], *start_from, f"seed={seed}"]
             result = run_stage(compose_config(overrides))
-            drafter = _load(result.artifact, dflash, verifier)
+            drafter = _load(result.artifact, cfg, verifier)
             rows.setdefault(label, []).append(measure(drafter, "dflash" if dflash else "diffusion") | {"seed": seed})
             first = columns[1]
             print(f"  {label} seed {seed}: {first} {rows[label][-1][first]:.3f} "
@@ -236,11 +237,15 @@ def _mean_spread(values: list[float]) -> tuple[float | None, float]:
     return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
-def _load(folder, dflash: bool, verifier):
-    """A trained drafter from its distill run's output, ready to draft for ``verifier``."""
-    if dflash:
+def _load(folder, cfg, verifier):
+    """The drafter in ``folder`` (a distill run's output, or the preset's own checkpoint), ready to draft for
+    ``verifier``. A standalone drafter is built through its preset with the folder as its path, as stage=evaluate
+    builds it: a drafter cut from an AR checkpoint (model=smol) keeps that checkpoint's causal config.json, and the
+    preset is what makes it a prefix-causal, shifted diffusion drafter with its mask token."""
+    if cfg.model.drafter.kind == "dflash":
         return load_dflash(folder, device=device()).share(verifier).eval()
-    return load_pretrained(folder).to(device()).eval()
+    node = OmegaConf.merge(cfg.model.drafter, {"path": str(folder)})
+    return build(node, "drafter", device=device(), inference=True)
 
 
 def _ratios(summary: dict, name: str, undistilled: str) -> None:
