@@ -35,7 +35,7 @@ then that adapted cut), and ``--data-seed 0`` trains every seed on one set of tr
 command behind docs/smol.md's 3-seed table (runs of the same settings are found by their keys and reused):
 
     python bench/distill_methods.py --model smol --init mdm --data-seed 0 --seeds 0 1 2 --steps 300 --lr 3e-4 \
-        --methods ce_streak distillspec-fkl distillspec-tvd --prompts 12 --new 32 --no-ar-draft \
+        --methods ce_streak distillspec-fkl distillspec-tvd --prompts 8 --new 32 --no-ar-draft \
         --set data.max_prompts=640 data.max_new_tokens=96 trainer.freeze_embeddings=true
 """
 
@@ -132,8 +132,9 @@ def main() -> None:
     if dflash:
         start = build(cfg.model.drafter, "drafter", seed=0).share(verifier).eval()
         mask_id = start.dflash.mask_token_id
-    else:
-        mask_id = build(cfg.model.drafter, "drafter").config.mask_token_id
+    else:  # the base drafter, built once: its mask id now, its row below
+        base_drafter = _load(cfg.model.drafter.path, cfg, verifier)
+        mask_id = base_drafter.config.mask_token_id
     held = {}
     for name in sets:  # rendered as stage=evaluate renders them (the chat template where the data preset uses it)
         texts = [prompt_for(r, tok, cfg.data.chat_template) for r in load_source(name, limit=args.prompts)]
@@ -171,7 +172,6 @@ def main() -> None:
         rows["standalone_base"] = [measure(world_drafter, "diffusion")]
         print(f"parameters: DFlash drafter {_params(start):,}, standalone drafter {_params(world_drafter):,}")
     else:
-        base_drafter = _load(cfg.model.drafter.path, cfg, verifier)
         rows = {"base": [measure(base_drafter, "diffusion")]}
         if not args.no_ar_draft:
             rows["ar_draft"] = [measure(base_drafter, "ar")]
