@@ -15,10 +15,10 @@ cheap to apply. ``trainer.plan_check=false`` skips the check.
     free_memory_message(planned=90 * GIB, free=79 * GIB, device="cuda:0", rank=0, fix="trainer.zero_stage=3 ...")
     metrics, line = peak_against_plan(planned=planned, allocated=..., reserved=..., device="cuda:0", rank=0)
 
-At the end of the run every rank sets the peak CUDA memory its tensors took (``torch.cuda.max_memory_allocated``)
-and what the caching allocator held for them (``max_memory_reserved``) beside the plan (:func:`peak_against_plan`):
-rank 0 prints the line and the run's metrics record the figures, so every GPU run measures the planner
-(``bench/gpu.sh`` collects the lines of its distill parts).
+At the end of the run rank 0 sets the peak CUDA memory its tensors took (``torch.cuda.max_memory_allocated``) and
+what the caching allocator held for them (``max_memory_reserved``) beside its plan (:func:`peak_against_plan`): it
+prints the line and the run's metrics record the figures, so every GPU run measures the planner (``bench/gpu.sh``
+collects the lines of its distill parts).
 
 Tests: ``python -m pytest tests/planning/test_free_memory.py -q``.
 """
