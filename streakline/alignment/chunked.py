@@ -8,7 +8,7 @@ tvd: ``DIVERGENCES``). Peak extra memory is O(M * chunk), flat in V (152k-token 
 
     ell = chunked_logprobs(hidden, weight, ids, temperature=1.5, chunk=8192)      # [M, k] log q(ids)
 
-Run the tests with ``.venv/bin/python -m pytest -q tests/alignment/test_losses.py``.
+Run the tests with ``.venv/bin/python -m pytest -q tests/alignment/test_losses_chunked.py``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ included). Full-vocabulary teacher divergences use a second Function of the same
 Invalid slots (``valid`` False, past the end of a completion) carry no weight anywhere, and a streak product
 stops at the first invalid slot: it is never extended through one as if its probability were 1.
 
-Run the tests with ``.venv/bin/python -m pytest -q tests/alignment/test_losses.py``.
+Run the tests with ``.venv/bin/python -m pytest -q tests/alignment/test_losses*.py`` (what every loss shares and
+the registry in ``test_losses.py``, each loss family in ``test_losses_<family>.py``).
 """
 
 from __future__ import annotations
