@@ -163,6 +163,9 @@ def main() -> None:
                     drafter=proposer,
                 )  # fmt: skip
                 row[f"{name}/T{temperature:g}"] = res.metrics.accepted_per_cycle
+                if temperature == 0:  # lossless: each T=0 decode must be the verifier's greedy continuation
+                    same = [got == want for got, (_, want) in zip(res.tokens, pairs, strict=True)]
+                    row[f"{name}/identical"] = sum(same)
         return row
 
     if dflash:  # the untrained DFlash drafter, and the world's standalone drafter for comparison
@@ -217,11 +220,30 @@ def main() -> None:
           "sample standard deviation over seeds)")  # fmt: skip
     for name in sets:
         _ratios(summary, name, undistilled=args.init or "base")
+    if 0.0 in args.temperatures:
+        _lossless(rows, {name: len(pairs) for name, pairs in held.items()})
     print(f"{time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": args.steps, "lr": args.lr, "seeds": args.seeds, "rows": rows, "summary": summary}, f,
                       indent=1)  # fmt: skip
+
+
+def _lossless(rows: dict[str, list[dict]], sizes: dict[str, int]) -> None:
+    """Say whether every T=0 decode above gave the verifier's greedy continuation token for token (``sizes``: the
+    prompts of each held-out set), naming any drafter, seed and set that did not: the decoder's lossless check, run
+    on the very decodes measured."""
+    checked = [(label, r, name) for label, runs in rows.items() for r in runs for name in sizes]
+    checked = [(label, r, name) for label, r, name in checked if f"{name}/identical" in r]
+    wrong = [
+        f"{label} seed {r.get('seed', '-')} {name}: {r[f'{name}/identical']} of {sizes[name]}"
+        for label, r, name in checked
+        if r[f"{name}/identical"] != sizes[name]
+    ]
+    if wrong:
+        print(f"\nNOT LOSSLESS at T=0 (prompts decoded as vanilla greedy decodes them): {'; '.join(wrong)}")
+    else:
+        print(f"\nlossless at T=0: all {len(checked)} decodes of held-out sets equal vanilla greedy token for token")
 
 
 def _params(model) -> int:
