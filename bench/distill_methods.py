@@ -37,6 +37,12 @@ command behind docs/smol.md's 3-seed table (runs of the same settings are found 
     python bench/distill_methods.py --model smol --init mdm --data-seed 0 --seeds 0 1 2 --steps 300 --lr 3e-4 \
         --methods ce_streak distillspec-fkl distillspec-tvd --prompts 8 --new 32 --no-ar-draft \
         --set data.max_prompts=640 data.max_new_tokens=96 trainer.freeze_embeddings=true
+
+and docs/smol.md's DFlash table (the drafter trained from scratch on the layer states the trajectories stored):
+
+    python bench/distill_methods.py --model smol --drafter smol-dflash --data-seed 0 --seeds 0 1 2 --steps 800 \
+        --lr 1e-3 --methods dflash_ce dpace ce_streak --prompts 8 --new 32 \
+        --set data.max_prompts=640 data.max_new_tokens=96 'data.feature_layers=[2,10,18,26]' method.features=stored
 """
 
 from __future__ import annotations
