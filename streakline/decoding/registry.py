@@ -20,7 +20,7 @@ runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_deco
 
 - ``SPECULATIVE``: the ``speculative`` family (``speculative.generate``), name -> drafter class (``None``: vanilla),
   the class looked up by the spec's ``drafter`` kind in ``drafters.DRAFTERS``;
-- ``BLOCK``: the draft-free block decoders, which are also ``block_diffusion.COMMIT_RULES``;
+- ``BLOCK``: the draft-free block decoders, which are also ``block_rules.COMMIT_RULES``;
   ``BLOCK_DRAFTED``: the block decoders that take a drafter (``block_drafter``);
 - ``REFERENCE``: family -> the decoder its speedups are measured against (the family's first reference decoder);
   ``REFERENCE_DECODERS``: every draft-free decoder, each its own reference;

@@ -34,7 +34,7 @@ import torch
 from streakline.artifacts import write_json_atomic
 from streakline.errors import UserError
 
-from .block_diffusion import BlockDrafter, DraftContext, Drafts, stale_topk
+from .block_rules import BlockDrafter, DraftContext, Drafts, stale_topk
 
 FORMAT = "streakline-spiffy-graph"
 VERSION = 1

@@ -33,7 +33,7 @@ import torch
 from streakline.errors import UserError
 from streakline.models.order_model import OrderModel, order_features
 
-from .block_diffusion import BlockDrafter, DraftContext, Drafts, stale_topk
+from .block_rules import BlockDrafter, DraftContext, Drafts, stale_topk
 
 
 @dataclass
