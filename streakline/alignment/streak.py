@@ -16,7 +16,8 @@ Two scores per window:
   exact   ``Σ_m Π_{j≤m} [x̂_j = x_j]`` against the completion's own tokens (a verifier's greedy continuation, so this
           is the streak exact-greedy verification would accept at temperature 0);
   soft    ``Σ_m Π_{j≤m} p_j(x̂_j)`` with ``p`` a verifier's probabilities (section 4's training-time metric), when a
-          verifier is given.
+          verifier is given: one verifier forward of the trajectory into a KV cache, then the windows packed after
+          it (``_verifier_probs``), O(T + K*γ) tokens rather than K forwards of the prefix.
 
 Per-position acceptance ``α_j`` (Figure 2) = #windows whose streak reaches j / #windows whose streak reaches j-1,
 both counted only over windows whose slot j lies inside the completion: a window cut short by the end of the
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from streakline.models import Transformer
+from streakline.models import KVCache, Transformer
 from streakline.models.dflash import DFlashModel
 
 from .dflash import dflash_draft_argmax
@@ -143,13 +144,39 @@ def simulated_streak(
 
 
 def _verifier_probs(
-    verifier: Transformer, clean: torch.Tensor, offsets: torch.Tensor, draft: torch.Tensor
+    verifier: Transformer, clean: torch.Tensor, offsets: torch.Tensor, draft: torch.Tensor, chunk: int = 64
 ) -> torch.Tensor:
     """``[K, γ]`` verifier probabilities ``p_j(x̂_j)`` of each window's draft given the true prefix and the draft's
-    earlier slots (one causal forward per window)."""
-    out = []
-    for k, offset in enumerate(offsets.tolist()):
-        seq = torch.cat([clean[:offset], draft[k]])[None]
-        logp = verifier(seq).float().log_softmax(-1)[0, offset - 1 : offset - 1 + draft.shape[1]]
-        out.append(logp.gather(-1, draft[k][:, None]).squeeze(-1).exp())
-    return torch.stack(out)
+    earlier slots.
+
+    The trajectory runs once into a KV cache; then the windows, ``chunk`` at a time, run packed after it: window k's
+    slots sit at positions ``offset_k + j`` and attend to ``clean[:offset_k]`` and to their own earlier slots only,
+    so each gets what a causal forward over ``clean[:offset_k] ∘ x̂_k`` would give (to float rounding) at
+    O(T + K*γ) tokens instead of K forwards of the whole prefix (tests/alignment/test_streak.py checks both)."""
+    K, g = draft.shape
+    T, dev = clean.shape[0], clean.device
+    n = min(K, chunk)
+    cache = KVCache.for_model(verifier, 1, capacity=T + n * g)
+    try:
+        hidden = verifier.hidden(clean[None], cache=cache)
+        # slot 0 is predicted by the last prefix token, which is the trajectory's own (offsets >= 1: a prompt exists)
+        first = verifier.logits(hidden[0, offsets - 1]).float().log_softmax(-1)
+        out = [first.gather(-1, draft[:, :1]).exp()]
+        slot = torch.arange(g, device=dev)
+        for start in range(0, K, n):
+            d, off = draft[start : start + n], offsets[start : start + n]
+            m = d.shape[0]
+            pos = (off[:, None] + slot).flatten()[None]
+            row_window, row_slot = torch.arange(m, device=dev).repeat_interleave(g), slot.repeat(m)
+            sees_prefix = torch.arange(T, device=dev)[None, :] < off[row_window][:, None]
+            sees_window = (row_window[:, None] == row_window[None, :]) & (row_slot[None, :] <= row_slot[:, None])
+            mask = torch.cat([sees_prefix, sees_window], dim=1)[None]
+            h = verifier.hidden(d.flatten()[None], position_ids=pos, cache=cache, attn_mask=mask)
+            cache.crop(T)
+            # slot j >= 1 is predicted by slot j - 1 of the same window
+            logp = verifier.logits(h[0].view(m, g, -1)[:, :-1]).float().log_softmax(-1)
+            out.append(logp.gather(-1, d[:, 1:, None]).squeeze(-1).exp())
+    finally:
+        cache.release()
+    rest = torch.cat(out[1:]) if len(out) > 1 else draft.new_zeros((K, g - 1), dtype=torch.float32)
+    return torch.cat([out[0], rest], dim=1)

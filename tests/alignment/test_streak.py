@@ -139,3 +139,28 @@ def test_alpha_of_a_perfect_drafter_is_one_even_on_short_completions(mode):
     assert stats["alpha"] == [1.0] * gamma
     streaks = [min(gamma, n - i) for n in (6, 2, 1) for i in range(n)]
     assert stats["windows"] == len(streaks) and stats["mean_streak"] == pytest.approx(sum(streaks) / len(streaks))
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_verifier_probs_packed_after_cache_equal_one_forward_per_window(chunk):
+    """The soft streak's p_j(x̂_j): windows packed after the cached trajectory, in chunks of any size, give what one
+    causal forward over ``clean[:offset] ∘ draft`` gives, windows running past the trajectory's end included."""
+    from streakline.alignment.streak import _verifier_probs
+
+    verifier = Transformer(tiny_config("llama")).init_weights(seed=4, std=0.2).eval()
+    g = torch.Generator().manual_seed(5)
+    clean = torch.randint(0, 90, (12,), generator=g)
+    offsets = torch.arange(4, 12)
+    draft = torch.randint(0, 90, (len(offsets), 5), generator=g)
+    with torch.no_grad():
+        got = _verifier_probs(verifier, clean, offsets, draft, chunk=chunk)
+        want = torch.stack(
+            [
+                verifier(torch.cat([clean[:o], draft[k]])[None])[0, o - 1 : o + 4]
+                .softmax(-1)
+                .gather(-1, draft[k][:, None])[:, 0]
+                for k, o in enumerate(offsets.tolist())
+            ]
+        )
+    assert got.shape == (8, 5)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
