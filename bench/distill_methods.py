@@ -25,8 +25,10 @@ streak-trained over drafters trained with each of those.
 
     python bench/distill_methods.py --seeds 0 1 2 --steps 150 --json distill_methods.json   # ~50 min, 2 cores
     python bench/distill_methods.py --steps 100 --prompts 8 --methods streak distillspec-tvd
-    python bench/distill_methods.py --drafter tiny-dflash --steps 400 --methods dflash_ce dpace ce_streak streak
-    python bench/distill_methods.py --drafter tiny-dflash-1l --steps 800 --seeds 0 1 2 --methods ce_streak dflash_ce
+    python bench/distill_methods.py --drafter tiny-dflash --steps 400 --lr 1e-3 \
+        --methods dflash_ce dpace ce_streak streak
+    python bench/distill_methods.py --drafter tiny-dflash-1l --steps 800 --lr 1e-3 --seeds 0 1 2 \
+        --methods ce_streak dflash_ce
 
 ``--model smol`` measures the real model (docs/smol.md): the held-out sets are ``tiny-chat`` and ``humaneval``
 through SmolLM2's chat template, ``--init mdm`` first adapts the 4-layer cut with the masked-diffusion loss (once,
@@ -92,7 +94,12 @@ DEFAULT_HELD_OUT = ("tiny-math", "tiny-code")
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--lr",
+        type=float,
+        default=3e-4,
+        help="the tiny trainer's rate for fine-tuning (conf/trainer/cpu.yaml); 1e-3 for a DFlash drafter from scratch",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds (seed=...) of every method")
     ap.add_argument("--methods", nargs="+", default=[m for m in METHODS if m not in OPTIONAL], choices=list(METHODS))
     ap.add_argument("--prompts", type=int, default=24, help="held-out prompts per benchmark")
