@@ -81,10 +81,14 @@ METHODS = {
     "dflash_ce": ["method=dflash_ce"],  # γ from the block size (4.5 for the tiny drafters' windows of 8)
     "dflash_ce-g7": ["method=dflash_ce", "method.decay_gamma=7"],  # the fixed γ of docs/dflash.md's measurements
     "dpace": ["method=dpace"],
+    # ce_streak, its weight from D-PACE-style smoothed confidences (method.streak_smoothing, a project variant)
+    "ce_streak-s0.5": ["method=ce_streak", "method.streak_smoothing=0.5"],
     "mdm": ["method=mdm"],  # the masked-diffusion adaptation of a drafter cut from an AR model (--init mdm)
 }
-# Not run unless named with --methods: a rerun of an older measurement, not another loss.
-OPTIONAL = ("dflash_ce-g7", "mdm")
+# Not run unless named with --methods: a rerun of an older measurement, the cut's adaptation, a variant.
+OPTIONAL = ("dflash_ce-g7", "mdm", "ce_streak-s0.5")
+# the streak objectives the summary's ratios are printed for
+STREAK_LABELS = ("streak", "ce_streak", "ce_streak-s0.5")
 # the held-out sets a model is measured on when --sets does not say: the tiny world's own, the real model's chat and
 # code benchmarks
 HELD_OUT = {"smol": ("tiny-chat", "humaneval")}
@@ -292,7 +296,7 @@ def _ratios(summary: dict, name: str, undistilled: str) -> None:
     spec = {k: v for k, v in value.items() if k.startswith("distillspec") and v is not None}
     print(f"\n{name}, T=0, mean accepted streak ratios (paper: 1.45x over the undistilled drafter, 1.35x over "
           "DistillSpec)")  # fmt: skip
-    for label in ("streak", "ce_streak"):
+    for label in STREAK_LABELS:
         if value.get(label) is None:
             continue
         line = f"  {label}: " + (f"{value[label] / value[undistilled]:.2f}x {undistilled}" if value.get(undistilled)
@@ -309,7 +313,7 @@ def _ratios(summary: dict, name: str, undistilled: str) -> None:
     for baseline, what, goal in baselines:
         if value.get(baseline):
             print(f"{name}, T=0: streak losses over {what} (goal: {goal})")
-            for label in ("streak", "ce_streak"):
+            for label in STREAK_LABELS:
                 if value.get(label) is not None:
                     print(f"  {label}: {value[label] / value[baseline]:.2f}x {baseline}")
 

@@ -75,6 +75,7 @@ class LossSettings:
     name: str
     lam: float = 0.9  # expce decay per slot
     inclusive: bool = False  # ce_streak: weight slot m by the streak through m instead of m-1
+    streak_smoothing: float = 0.0  # ce_streak: the weight's factors are (1 - s) q_j + s (0: SpecDiff-2's q_j)
     divergence: str = "fkl"  # distillspec / ar_distill: one of DIVERGENCES
     beta: float = 0.5  # jsd mixing weight
     # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma); None: the DFlash paper's value for the block size that G
@@ -90,6 +91,7 @@ class LossSettings:
             name=method.loss,
             lam=method.lam,
             inclusive=method.inclusive,
+            streak_smoothing=getattr(method, "streak_smoothing", 0.0),
             divergence=method.divergence,
             beta=method.beta,
             decay_gamma=method.decay_gamma,
@@ -199,11 +201,19 @@ def streak_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
 
 @register_loss("ce_streak")
 def ce_streak_loss(inp: LossInput, settings: LossSettings) -> LossOutput:
-    """``-Σ_m v_m sg(exp(Σ_{j<m} ℓ_j)) ℓ_m`` (SpecDiff-2 Eq. 9); ``inclusive`` uses ``j ≤ m`` in the weight."""
+    """``-Σ_m v_m sg(exp(Σ_{j<m} ℓ_j)) ℓ_m`` (SpecDiff-2 Eq. 9); ``inclusive`` uses ``j ≤ m`` in the weight.
+
+    ``streak_smoothing`` s > 0 (a project variant, docs/algorithms.md section 4) builds the weight from smoothed
+    confidences, ``Π_{j<m} ((1 - s) q_j + s)``, as D-PACE smooths its own: s = 1 is plain cross-entropy."""
+    s = settings.streak_smoothing
+    if not 0.0 <= s <= 1.0:
+        raise ValueError(f"ce_streak needs 0 <= streak_smoothing <= 1 (method.streak_smoothing), got {s}")
     alive = _alive(inp.valid)
     ell = torch.where(alive, _slot_logprobs(inp, settings.chunk), 0.0)
     with torch.no_grad():
-        through = ell.cumsum(1)
+        # log of each factor: ℓ_j itself at s = 0 (exact, no exp/log round trip), log((1 - s) q_j + s) otherwise
+        factor = ell if s == 0.0 else torch.log((1.0 - s) * ell.exp() + s)
+        through = torch.where(alive, factor, 0.0).cumsum(1)
         if not settings.inclusive:
             # An explicit exclusive cumsum rather than cumsum - ℓ: no cancellation when ℓ is very negative.
             through = torch.cat([torch.zeros_like(through[:, :1]), through[:, :-1]], 1)

@@ -210,6 +210,9 @@ class MethodConfig:
     drafter_temperature: float | None = None
     lam: float = 0.9  # expce decay per window slot
     inclusive: bool = False  # ce_streak: weight slot m by the streak through m rather than m-1
+    # ce_streak: the weight's factors are smoothed confidences (1 - s) q_j + s, as D-PACE's (a project variant; 0 is
+    # SpecDiff-2's Eq. 9, 1 plain cross-entropy)
+    streak_smoothing: float = 0.0
     divergence: str = "fkl"  # DIVERGENCES
     beta: float = 0.5  # jsd mixing weight
     # dflash_ce: slot k weighs exp(-(k-1)/decay_gamma); None: the DFlash paper's value for the block size, which

@@ -331,6 +331,7 @@ def _method(cfg: DictConfig) -> None:
     if cfg.method.decay_gamma is not None:  # None: the DFlash paper's value for the block size
         _positive(cfg, "method.decay_gamma")
     _between(cfg, "method.dpace_alpha", 0.0, 1.0)
+    _between(cfg, "method.streak_smoothing", 0.0, 1.0)
     _between(cfg, "method.onpolicy_mix", 0.0, 1.0)
     _choice(cfg, "method.features", FEATURE_SOURCES)
 

@@ -254,6 +254,8 @@ def method_key(method) -> dict[str, Any]:
     out = OmegaConf.to_container(method, resolve=True)
     if out.get("features") == "online":  # added later; online is what every earlier run did
         del out["features"]
+    if out.get("streak_smoothing") == 0.0:  # added later; 0 is what every earlier ce_streak run did
+        del out["streak_smoothing"]
     for knob, (reader, earlier) in LATER_METHOD_DEFAULTS.items():
         if out.get("loss") == reader or knob not in out:
             continue

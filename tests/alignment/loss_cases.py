@@ -50,7 +50,7 @@ def _leaves(hidden, weight):
 
 
 def _run(name, hidden, weight, labels, valid, temperature=TEMP, **kw):
-    names = ("lam", "inclusive", "divergence", "beta", "decay_gamma", "dpace_alpha", "chunk")
+    names = ("lam", "inclusive", "streak_smoothing", "divergence", "beta", "decay_gamma", "dpace_alpha", "chunk")
     settings = {k: kw.pop(k) for k in names if k in kw}
     settings.setdefault("chunk", 7)  # several chunks over V = 23, the last one short
     inp = LossInput(hidden, weight, labels, valid, temperature=temperature, **kw)

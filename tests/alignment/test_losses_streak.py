@@ -58,6 +58,33 @@ def test_ce_streak_matches_formula_with_constant_weights(inclusive):
     torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.3, 1.0])
+def test_ce_streak_smoothed_weights_match_formula(smoothing):
+    """``method.streak_smoothing`` s: slot m weighs Π_{j<m} ((1 - s) q_j + s), still without gradient; s = 0 is
+    Eq. 9 and s = 1 plain cross-entropy over the slots a product reaches."""
+    hidden, weight, labels, valid, _ = _case(2)
+    qx = _label_q(_q(hidden, weight), labels, valid)
+    weights = torch.zeros(N, G, dtype=torch.float64)
+    for n, row in enumerate(qx):
+        prod = 1.0
+        for j, q in enumerate(row):
+            if q is None:
+                break
+            weights[n, j] = prod
+            prod *= (1.0 - smoothing) * q + smoothing
+    h, w = _leaves(hidden, weight)
+    out = _run("ce_streak", h, w, labels, valid, streak_smoothing=smoothing)
+    out.loss.backward()
+    ref, h_ref, w_ref = _constant_weight_loss(hidden, weight, labels, valid, weights, N)
+    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
+    if smoothing == 0.0:  # the default path, bit for bit
+        assert out.loss.item() == _run("ce_streak", hidden, weight, labels, valid).loss.item()
+    with pytest.raises(ValueError, match="streak_smoothing"):
+        _run("ce_streak", hidden, weight, labels, valid, streak_smoothing=1.5)
+
+
 def test_expce_matches_formula():
     hidden, weight, labels, valid, _ = _case(2)
     qx = _label_q(_q(hidden, weight), labels, valid)

@@ -284,3 +284,9 @@ def test_method_knobs_added_later_leave_other_losses_keys_as_they_were():
     assert method_key(compose_config(["method=dpace"]).method)["dpace_alpha"] == 0.5
     assert method_key(compose_config(["method=dflash_ce"]).method)["decay_gamma"] is None
     assert method_key(compose_config(["method=dflash_ce", "method.decay_gamma=5"]).method)["decay_gamma"] == 5.0
+    # streak_smoothing (2026-12-02) at its default 0 is what every earlier ce_streak run trained with
+    assert all(
+        "streak_smoothing" not in method_key(compose_config([f"method={m}"]).method) for m in ("ce_streak", "dpace")
+    )
+    smoothed = method_key(compose_config(["method=ce_streak", "method.streak_smoothing=0.5"]).method)
+    assert smoothed["streak_smoothing"] == 0.5
