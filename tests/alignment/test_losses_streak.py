@@ -33,21 +33,33 @@ def test_streak_matches_formula():
     assert out.metrics["loss"] == pytest.approx(out.loss.item())
 
 
-@pytest.mark.parametrize("inclusive", [False, True])
-def test_ce_streak_matches_formula_with_constant_weights(inclusive):
-    hidden, weight, labels, valid, _ = _case(1)
-    qx = _label_q(_q(hidden, weight), labels, valid)
+def _ce_streak_weights(qx, inclusive=False, smoothing=0.0):
+    """Slot m's weight written out: the product of the earlier slots' factors (through m with ``inclusive``), each
+    factor ``(1 - s) q_j + s``, until the window's first invalid slot."""
     weights = torch.zeros(N, G, dtype=torch.float64)
     for n, row in enumerate(qx):
         prod = 1.0
         for j, q in enumerate(row):
             if q is None:
                 break
-            weights[n, j] = prod * q if inclusive else prod
-            prod *= q
+            factor = (1.0 - smoothing) * q + smoothing
+            weights[n, j] = prod * factor if inclusive else prod
+            prod *= factor
+    return weights
+
+
+@pytest.mark.parametrize(
+    ("inclusive", "smoothing"),
+    [(False, 0.0), (True, 0.0), (False, 0.3), (True, 0.3), (False, 1.0)],
+)
+def test_ce_streak_matches_formula_with_constant_weights(inclusive, smoothing):
+    """Eq. 9's weights (``inclusive``: through slot m) and ``method.streak_smoothing`` s, whose factors are
+    ``(1 - s) q_j + s`` (s = 1: plain cross-entropy over the slots a product reaches); never with gradient."""
+    hidden, weight, labels, valid, _ = _case(1)
+    weights = _ce_streak_weights(_label_q(_q(hidden, weight), labels, valid), inclusive, smoothing)
 
     h, w = _leaves(hidden, weight)
-    out = _run("ce_streak", h, w, labels, valid, inclusive=inclusive)
+    out = _run("ce_streak", h, w, labels, valid, inclusive=inclusive, streak_smoothing=smoothing)
     out.loss.backward()
 
     # The formula with the weights as plain constants: if the loss let gradient through its streak weights,
@@ -56,31 +68,13 @@ def test_ce_streak_matches_formula_with_constant_weights(inclusive):
     assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
     torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.parametrize("smoothing", [0.0, 0.3, 1.0])
-def test_ce_streak_smoothed_weights_match_formula(smoothing):
-    """``method.streak_smoothing`` s: slot m weighs Π_{j<m} ((1 - s) q_j + s), still without gradient; s = 0 is
-    Eq. 9 and s = 1 plain cross-entropy over the slots a product reaches."""
-    hidden, weight, labels, valid, _ = _case(2)
-    qx = _label_q(_q(hidden, weight), labels, valid)
-    weights = torch.zeros(N, G, dtype=torch.float64)
-    for n, row in enumerate(qx):
-        prod = 1.0
-        for j, q in enumerate(row):
-            if q is None:
-                break
-            weights[n, j] = prod
-            prod *= (1.0 - smoothing) * q + smoothing
-    h, w = _leaves(hidden, weight)
-    out = _run("ce_streak", h, w, labels, valid, streak_smoothing=smoothing)
-    out.loss.backward()
-    ref, h_ref, w_ref = _constant_weight_loss(hidden, weight, labels, valid, weights, N)
-    assert out.loss.item() == pytest.approx(ref.item(), rel=1e-5)
-    torch.testing.assert_close(h.grad.double(), h_ref.grad, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(w.grad.double(), w_ref.grad, rtol=1e-4, atol=1e-6)
     if smoothing == 0.0:  # the default path, bit for bit
-        assert out.loss.item() == _run("ce_streak", hidden, weight, labels, valid).loss.item()
+        default = _run("ce_streak", hidden, weight, labels, valid, inclusive=inclusive)
+        assert out.loss.item() == default.loss.item()
+
+
+def test_ce_streak_refuses_smoothing_outside_0_1():
+    hidden, weight, labels, valid, _ = _case(1)
     with pytest.raises(ValueError, match="streak_smoothing"):
         _run("ce_streak", hidden, weight, labels, valid, streak_smoothing=1.5)
 
