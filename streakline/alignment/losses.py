@@ -91,7 +91,7 @@ class LossSettings:
             name=method.loss,
             lam=method.lam,
             inclusive=method.inclusive,
-            streak_smoothing=getattr(method, "streak_smoothing", 0.0),
+            streak_smoothing=method.streak_smoothing,
             divergence=method.divergence,
             beta=method.beta,
             decay_gamma=method.decay_gamma,

@@ -178,5 +178,4 @@ def _verifier_probs(
             out.append(logp.gather(-1, d[:, 1:, None]).squeeze(-1).exp())
     finally:
         cache.release()
-    rest = torch.cat(out[1:]) if len(out) > 1 else draft.new_zeros((K, g - 1), dtype=torch.float32)
-    return torch.cat([out[0], rest], dim=1)
+    return torch.cat([out[0], torch.cat(out[1:])], dim=1)  # K >= 1: the loop ran at least once

@@ -247,15 +247,17 @@ LATER_METHOD_DEFAULTS = {
     "dpace_alpha": ("dpace", None),
     "mdm_full_share": ("mdm", None),
 }
+# Knobs added later that every loss's key leaves out while they hold the value every earlier run trained with:
+# online verifier features, and ce_streak's unsmoothed streak weights.
+LATER_METHOD_DROPPED_AT = {"features": "online", "streak_smoothing": 0.0}
 
 
 def method_key(method) -> dict[str, Any]:
-    """``cfg.method`` as distill's run key holds it (``LATER_METHOD_DEFAULTS``)."""
+    """``cfg.method`` as distill's run key holds it (``LATER_METHOD_DROPPED_AT``, ``LATER_METHOD_DEFAULTS``)."""
     out = OmegaConf.to_container(method, resolve=True)
-    if out.get("features") == "online":  # added later; online is what every earlier run did
-        del out["features"]
-    if out.get("streak_smoothing") == 0.0:  # added later; 0 is what every earlier ce_streak run did
-        del out["streak_smoothing"]
+    for knob, earlier in LATER_METHOD_DROPPED_AT.items():
+        if knob in out and out[knob] == earlier:
+            del out[knob]
     for knob, (reader, earlier) in LATER_METHOD_DEFAULTS.items():
         if out.get("loss") == reader or knob not in out:
             continue
