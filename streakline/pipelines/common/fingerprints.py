@@ -92,11 +92,17 @@ def drafter_parts(cfg: DictConfig, kind) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- data
 def source_files(cfg: DictConfig, sources) -> dict[str, str]:
     """``{source: digest}`` for every prompt source that names a local file, folder or cached hub dataset (after
-    ``@``); built-in benchmarks and presets without ``@`` add nothing. A file that is not there adds nothing either
+    ``@``), and for ``pkg-code`` the listing of the installed packages it is read from; other built-in benchmarks
+    and presets without ``@`` add nothing. A file that is not there adds nothing either
     (reading it says so)."""
     out = {}
     for source in sources or ():
         name, sep, where = str(source).partition("@")
+        if name == "pkg-code" and not sep:  # built from what is installed: a `pip install` changes its prompts
+            from streakline.data.corpora.packages import packages_fingerprint
+
+            out[str(source)] = f"packages:{packages_fingerprint()}"
+            continue
         if not sep or not where:
             continue
         digest = _data_digest(where, sha256_cache(cfg.run_root))
