@@ -51,6 +51,12 @@ DIVERGENCES = ("fkl", "rkl", "jsd", "tvd")
 TEACHERS = ("stored", "online")
 ZERO_STAGES = (0, 2, 3)
 PRECISIONS = ("fp32", "bf16")
+# the top-level ``precision`` (models/precision.py: CHOICES): "auto" is bf16 where the hardware has it natively
+INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")
+BATCHINGS = ("continuous", "fixed")  # data.batching
+# data.batch_size=None: the rows the free memory holds, at most this many per device type (decoding/batching.py);
+# stage=plan assumes the GPU's
+AUTO_BATCH_CAP = {"cpu": 64, "cuda": 256}
 TRAJECTORY_BACKENDS = ("native", "vllm")
 LONG_PROMPTS = ("error", "skip", "truncate")  # data.long_prompts
 DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "static", "threshold", "spot", "spiffy")
@@ -253,7 +259,14 @@ class DataConfig:
     max_new_tokens: int = 512
     topk_logprobs: int = 0  # > 0: store the verifier's top-k log-probs per completion token (DistillSpec teachers)
     num_shards: int = 16
-    batch_size: int = 16  # prompts per decoder batch
+    # rows decoded together; None: as many as the free memory holds for the KV cache (decoding/batching.py), at
+    # most 64 on a CPU and 256 on a GPU. Not in the run key: a row does not depend on its batch mates (below)
+    batch_size: int | None = None
+    # BATCHINGS: continuous (a static per-row KV cache, a finished row's slot refilled by the next prompt, each row
+    # sampled from its own seeded generator, layer states taken from the same forwards) or fixed (batches of
+    # batch_size through the speculative decoder's vanilla loop, layer states from a second forward: the engine
+    # before continuous batching, kept for stop strings and for the benchmark's side-by-side)
+    batching: str = "continuous"
     backend: str = "native"  # TRAJECTORY_BACKENDS
     # LONG_PROMPTS: a prompt that, with max_new_tokens, needs more positions than the verifier has: stop before any
     # work (error), drop it (skip), or keep its last tokens (truncate); the manifest counts what was done
@@ -549,6 +562,10 @@ class Config:
     settings: dict[str, Any] = field(default_factory=dict)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0
+    # INFERENCE_PRECISIONS: the precision frozen models run in where a stage applies it (models/precision.py,
+    # STAGE_PRECISION; stage=doctor lists them): auto is bf16 where the CPU (AMX, AVX512-BF16) or GPU multiplies it
+    # natively, else fp32. Training keeps trainer.precision
+    precision: str = "auto"
     # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids
     prompt: str | None = None
     prompt_ids: list[int] | None = None

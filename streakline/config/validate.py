@@ -19,12 +19,14 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from streakline.config.schema import (
     ACCEPTANCE_RULES,
     ATTENTION_MODES,
+    BATCHINGS,
     CHECKPOINT_KINDS,
     DECODERS,
     DIVERGENCES,
     DTYPES,
     ENGINES,
     FAMILY_CHOICES,
+    INFERENCE_PRECISIONS,
     LAUNCHERS,
     LONG_PROMPTS,
     LOSSES,
@@ -52,6 +54,7 @@ def validate(cfg: DictConfig) -> None:
     _no_missing(cfg, "")
     _choice(cfg, "stage.name", STAGES)
     _between(cfg, "seed", 0, 2**32 - 1)
+    _choice(cfg, "precision", INFERENCE_PRECISIONS)
     if not cfg.run_root:
         raise ConfigError("run_root is empty; give a folder for run outputs, e.g. run_root=runs")
     for role in ROLES:
@@ -356,8 +359,10 @@ def _data(cfg: DictConfig) -> None:
     top_p = _get(cfg, "data.top_p")
     if not 0 < top_p <= 1:  # 0 keeps no token at all
         raise ConfigError(f"data.top_p={top_p!r} is not valid; it must lie in (0, 1]: above 0, at most 1 (no cut)")
-    for key in ("max_new_tokens", "num_shards", "batch_size"):
+    for key in ("max_new_tokens", "num_shards"):
         _at_least(cfg, f"data.{key}", 1)
+    _at_least(cfg, "data.batch_size", 1, optional=True)
+    _choice(cfg, "data.batching", BATCHINGS)
     _at_least(cfg, "data.topk_logprobs", 0)
     layers = list(data.feature_layers)
     if any(i < 0 for i in layers) or len(set(layers)) != len(layers):

@@ -51,6 +51,8 @@ def build_mask(
     q_pos: ``[B, T]`` position ids of the new tokens; q_valid: ``[B, T]`` (None = all real);
     explicit: ``[B, T, S]`` or ``[B, T, T]`` (then every valid cached key is visible).
     """
+    if cache is not None and getattr(cache, "per_row", False):  # a RowCache: each row its own length (row_cache.py)
+        return cache.mask(q_pos, q_valid, mode)
     B, T = q_pos.shape
     past = cache.length if cache is not None else 0
     static = cache is not None and cache.static

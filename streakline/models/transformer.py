@@ -117,11 +117,14 @@ class Attention(nn.Module):
         q = apply_rotary(q.transpose(1, 2), cos, sin)
         k = apply_rotary(k.transpose(1, 2), cos, sin)
         v = v.transpose(1, 2)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)
-        if context is not None:
-            k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)
-        out = attend(q, k, v, mask, is_causal)
+        if cache is not None and getattr(cache, "per_row", False):  # a RowCache attends its rows itself
+            out = cache.attend(layer, q, k, v)
+        else:
+            if cache is not None:
+                k, v = cache.update(layer, k, v)
+            if context is not None:
+                k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)
+            out = attend(q, k, v, mask, is_causal)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -330,8 +333,11 @@ class Transformer(nn.Module):
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # placed across devices, a tied read-out is the embedding on the first device
-        return F.linear(hidden.to(self.output_weight.device), self.output_weight)
+        # placed across devices, a tied read-out is the embedding on the first device. A 2D contiguous input: a
+        # strided 3D slice (``h[:, -1:]``) sends bf16 F.linear on CPU through bmm with a copy of the whole weight
+        # (49152 x 576 for SmolLM2: a second per prefill)
+        flat = hidden.to(self.output_weight.device).reshape(-1, hidden.shape[-1]).contiguous()
+        return F.linear(flat, self.output_weight).view(*hidden.shape[:-1], -1)
 
     def forward(self, input_ids: torch.Tensor, *, logits_to_keep: int = 0, **kwargs) -> torch.Tensor:
         """Logits ``[B, T, V]`` (or ``[B, logits_to_keep, V]`` for the last positions only), on ``input_ids``'s

@@ -37,7 +37,7 @@ class Doctor(Stage):
 
     def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
         """``metrics``: ``{"environment": {...}, "roles": {role: {...}}}``."""
-        report = {"environment": environment(), "roles": check_roles(cfg)}
+        report = {"environment": environment(), "precision": precision_report(cfg), "roles": check_roles(cfg)}
         return StageResult(self.name, metrics=report, details={"model": cfg.model.name})
 
     def report(self, result: StageResult) -> None:
@@ -55,6 +55,16 @@ def environment() -> dict[str, Any]:
     env["cuda_available"], env["cuda_devices"] = _cuda()
     env["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
     return env
+
+
+def precision_report(cfg: DictConfig) -> dict[str, Any]:
+    """What the hardware multiplies natively and the precision each stage that applies ``precision`` will use
+    (``models/precision.py``), on the device the stages would run on."""
+    from streakline.models.precision import report
+
+    from .common.roles import device
+
+    return {**report(cfg.precision, device()), "trainer": cfg.trainer.precision}
 
 
 def _cuda() -> tuple[bool, int]:
@@ -174,6 +184,18 @@ def format_report(report: dict[str, Any], model: str) -> str:
     cuda = f"yes ({env['cuda_devices']} devices)" if env["cuda_available"] else "no"
     lines.append(f"  {'cuda':<18} {cuda}")
     lines.append(f"  {'TRITON_INTERPRET':<18} {env['triton_interpret'] or 'unset'}")
+    precision = report.get("precision")
+    if precision is not None:
+        native = "native" if precision["native_bf16"] else "emulated"
+        lines.append(f"precision ({precision['device']}: bf16 {native}: {precision['evidence']})")
+        lines.append(f"  {'setting':<18} precision={precision['setting']} -> {precision['resolved']}")
+        for stage, use in precision["stages"].items():
+            lines.append(f"  {stage:<18} {', '.join(use['roles'])} in {use['precision']}")
+        if not precision["native_bf16"] and precision["setting"] == "auto":
+            lines.append(
+                f"  {'':<18} fp32 kept: bf16 would be emulated here (slower than fp32); precision=bf16 forces it"
+            )
+        lines.append(f"  {'':<18} the trainer: trainer.precision={precision['trainer']}")
     lines.append(f"roles (model={model})")
     for role, info in report["roles"].items():
         lines.append(

@@ -59,6 +59,7 @@ from .common.roles import device, required_tokenizer, role_eos, role_tokenizer
 from .runner import Stage, StageResult
 
 FAULT_WORKER_EXIT = "STREAKLINE_FAULT_WORKER_EXIT"
+FIXED_BATCH = 16  # data.batching=fixed with data.batch_size unset: the rows of one batch, as before auto sizes
 FAULT_EXIT_AFTER = "STREAKLINE_FAULT_EXIT_AFTER_SHARDS"
 
 
@@ -321,7 +322,26 @@ def fit_positions(cfg: DictConfig, records: list[dict], prompts: list[list[int]]
 
 
 def shard_seed(seed: int, shard: int) -> int:
+    """The seed of shard ``shard`` under ``data.batching=fixed`` (its batch i samples with this + i)."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{shard}".encode()).digest()[:4], "little")
+
+
+def row_seed(seed: int, prompt_id: str, sample_index: int) -> int:
+    """The seed of one row under ``data.batching=continuous``: of the run's seed, the prompt and the sample only,
+    so the row is the same whatever shard or batch it lands in (up to float rounding)."""
+    digest = hashlib.sha256(f"{seed}:{prompt_id}:{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def build_verifier(cfg: DictConfig):
+    """The verifier for sampling, in the precision ``cfg.precision`` resolves to on this device (``models/
+    precision.py``: bf16 where the hardware multiplies it natively, unless ``precision=fp32``)."""
+    from streakline.models import build
+    from streakline.models.precision import model_dtype
+
+    dev = device()
+    dtype = model_dtype(cfg.precision, str(cfg.model.verifier.get("dtype") or "float32"), dev)
+    return build(cfg.model.verifier, "verifier", device=dev, inference=True, dtype=dtype)
 
 
 def _meta(cfg: DictConfig, key: dict, shard: int, n_shards: int, rows: int) -> ShardMeta:
@@ -411,7 +431,7 @@ class ShardWorker:
 
     def __init__(self, job: dict[str, Any], work: dict[int, tuple]) -> None:
         from streakline.decoding.backends import BACKENDS, SampleSettings
-        from streakline.models import build, locate
+        from streakline.models import locate
 
         cfg = OmegaConf.create(job["cfg"])
         self.job, self.work, self.cfg, self.verifier = job, work, cfg, None
@@ -422,9 +442,10 @@ class ShardWorker:
             temperature=data.temperature,
             top_p=data.top_p,
             topk_logprobs=data.topk_logprobs,
-            batch_size=data.batch_size,
+            batch_size=data.batch_size or FIXED_BATCH,
             eos_token_id=role_eos(cfg, "verifier", tokenizer),
         )
+        self.continuous = data.backend == "native" and data.batching == "continuous"
         if data.backend == "vllm":
             # the checkpoint folder of any preset (a hub one from the local cache), its tokenizer folder, and one
             # tensor-parallel rank per GPU the verifier is given
@@ -435,21 +456,34 @@ class ShardWorker:
                 tensor_parallel_size=verifier_gpus(cfg),
             )  # fmt: skip
         else:
-            verifier = build(cfg.model.verifier, "verifier", device=device(), inference=True)
-            self.backend = BACKENDS["native"](verifier, settings, tokenizer)
+            verifier = build_verifier(cfg)
             self.verifier = verifier  # its layer states are the stored features (data.feature_layers)
+            if self.continuous:
+                from streakline.config.schema import AUTO_BATCH_CAP
+                from streakline.decoding.batching import ContinuousSampler
+
+                self.backend = ContinuousSampler(
+                    verifier, settings, tokenizer, rows=data.batch_size, feature_layers=tuple(data.feature_layers),
+                    row_cap=AUTO_BATCH_CAP.get(verifier.embed.weight.device.type, AUTO_BATCH_CAP["cpu"]),
+                )  # fmt: skip
+            else:
+                self.backend = BACKENDS["native"](verifier, settings, tokenizer)
         self.seed = data_seed(cfg)  # data.seed, else the run's seed
 
     def run(self, shard: int) -> dict[str, Any]:
         items, meta, folder = self.work[shard]
-        seed = shard_seed(self.seed, shard)
-        samples = self.backend.sample([p for _, _, p in items], seed=seed)
+        if self.continuous:  # each row its own seed: a row does not depend on its shard or its batch mates
+            seeds = [row_seed(self.seed, prompt_id, sample) for prompt_id, sample, _ in items]
+            samples = self.backend.sample([p for _, _, p in items], seeds)
+        else:  # batch i of the shard samples with shard_seed + i
+            seeds = [shard_seed(self.seed, shard)] * len(items)
+            samples = self.backend.sample([p for _, _, p in items], seed=seeds[0])
         marker = self.job.get("fault_worker_exit")
         if marker and not os.path.exists(marker):
             Path(marker).write_text(f"worker died on shard {shard}\n")
             os._exit(1)  # a crash: no exception, no cleanup, the shard is not written
         rows = []
-        for (prompt_id, sample_index, prompt), s in zip(items, samples, strict=True):
+        for (prompt_id, sample_index, prompt), s, seed in zip(items, samples, seeds, strict=True):
             row = {
                 "prompt_id": prompt_id,
                 "sample_index": sample_index,
@@ -465,9 +499,14 @@ class ShardWorker:
             # before the shard: a shard on disk without its features is regenerated whole anyway (problems())
             from streakline.alignment.dflash import verifier_features
 
-            seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in rows]
-            layers = tuple(self.cfg.data.feature_layers)
-            feats = verifier_features(self.verifier, seqs, layers, batch_size=self.cfg.data.batch_size)
+            if self.continuous:  # taken in the forwards that made the tokens
+                feats = [s.extra["features"] for s in samples]
+            else:  # a second pass over every finished row
+                seqs = [list(r["prompt_ids"]) + list(r["completion_ids"]) for r in rows]
+                layers = tuple(self.cfg.data.feature_layers)
+                feats = verifier_features(
+                    self.verifier, seqs, layers, batch_size=self.cfg.data.batch_size or FIXED_BATCH
+                )
             write_features(folder, feats, _feature_meta(self.cfg, meta, self.verifier.config.hidden_size))
         write_shard(folder, rows, meta)
         return {"rows": len(rows), "tokens": sum(len(s.completion_ids) for s in samples)}

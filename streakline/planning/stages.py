@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.config import ConfigError
+from streakline.config.schema import AUTO_BATCH_CAP
 from streakline.config.validate import stage_settings_node
 
 from . import memory as mem
@@ -313,6 +314,12 @@ def _decode(
     return memory, per_batch, batches * per_batch, notes
 
 
+def trajectory_batch(cfg: DictConfig) -> int:
+    """The rows stage=trajectories decodes together on the planned GPUs: ``data.batch_size``, or with it unset
+    (chosen from free memory at run time) the GPU cap of that choice; the plan then says whether it fits."""
+    return cfg.data.batch_size or AUTO_BATCH_CAP["cuda"]
+
+
 def plan_trajectories(cfg: DictConfig, shapes: Shapes) -> StagePlan:
     data = cfg.data
     v = shapes["verifier"]
@@ -322,12 +329,13 @@ def plan_trajectories(cfg: DictConfig, shapes: Shapes) -> StagePlan:
     dev = devices_of(cfg, "verifier")
     # launcher=ray: one worker per verifier copy over the whole cluster; in process: one
     workers = max(1, world(cfg) // dev) if cfg.launcher.name == "ray" else 1
+    batch = trajectory_batch(cfg)
     memory, per_batch, seconds, notes = _decode(
-        cfg, v, "verifier", batch=data.batch_size, prompt=prompt, new=new, sequences=rows, workers=workers
+        cfg, v, "verifier", batch=batch, prompt=prompt, new=new, sequences=rows, workers=workers
     )
     if data.feature_layers:
         memory["DFlash features"] = mem.feature_bytes(
-            tokens=data.batch_size * (prompt + new), layers=len(data.feature_layers), hidden=v.hidden
+            tokens=batch * (prompt + new), layers=len(data.feature_layers), hidden=v.hidden
         )
     tokens = rows * (prompt + new)
     disk = {"trajectory shards": tokens * 4}  # int32 token ids in parquet (before compression)

@@ -34,6 +34,7 @@ from .stages import (
     devices_of,
     heldout,
     settings_of,
+    trajectory_batch,
 )
 
 
@@ -100,7 +101,7 @@ def _decode_fixes(cfg: DictConfig, role: str, batch_key: str, batch: int) -> lis
 # stage -> the fixes to try, least disruptive first (one signature: (cfg) -> [Fix]).
 FIXES: dict[str, Callable[[DictConfig], list[Fix]]] = {
     "distill": distill_fixes,
-    "trajectories": lambda cfg: _decode_fixes(cfg, "verifier", "data.batch_size", cfg.data.batch_size),
+    "trajectories": lambda cfg: _decode_fixes(cfg, "verifier", "data.batch_size", trajectory_batch(cfg)),
     "evaluate": lambda cfg: _decode_fixes(
         cfg, "verifier", "settings.evaluate.batch_size", settings_of(cfg, "evaluate").batch_size
     ),

@@ -19,6 +19,7 @@ from streakline.hashing import folder_fingerprint, run_output, sha256_cache
 from streakline.models.tokenizer import tokenizer_hash
 from streakline.pipelines.common.lookup import (
     LATER_DATA_DEFAULTS,
+    sampling_precision,
     spiffy_key,
     spot_key,
     trajectories_dir,
@@ -55,8 +56,12 @@ def _old_trajectories_key(cfg, tok):
     data.pop("allow_eval_overlap", None)
     data.pop("max_feature_gb", None)
     data.pop("seed", None)  # data.seed came later; unset, the rows' seed is the run's
+    if data.get("batching") == "continuous":
+        data.pop("batch_size", None)
     node = cfg.model.verifier
-    return {"verifier": node.path or node.hub_id, "tokenizer": tok, "data": data, "seed": cfg.seed}
+    key = {"verifier": node.path or node.hub_id, "tokenizer": tok, "data": data, "seed": cfg.seed}
+    precision = sampling_precision(cfg)  # what the rows were sampled in: a part of its own, not a fingerprint
+    return key if precision == "fp32" else {**key, "precision": precision}
 
 
 # --------------------------------------------------------------------------------------------- data files
@@ -101,6 +106,21 @@ def test_file_hashes_are_cached_by_path_size_and_mtime(tmp_path):
 def test_built_in_sources_and_presets_keep_their_keys(tmp_path):
     cfg = _cfg(tmp_path, "data.prompt_sources=[tiny-math-train,tiny-chat]")
     assert trajectories_key(cfg, TOK) == _old_trajectories_key(cfg, TOK)
+
+
+def test_what_changes_a_row_moves_the_key_and_nothing_else_does(tmp_path):
+    """docs/data.md's table: the sampling precision and the batching scheme move the folder; under continuous
+    batching the batch size does not (each row its own seed); fixed batching in fp32 keeps the folder it always
+    had (the data settings without the later fields, no precision part)."""
+    sources = "data.prompt_sources=[tiny-math-train]"
+    fp32 = trajectories_key(_cfg(tmp_path, sources, "precision=fp32"), TOK)
+    assert "precision" not in fp32
+    assert trajectories_key(_cfg(tmp_path, sources, "precision=bf16"), TOK) == {**fp32, "precision": "bf16"}
+    assert trajectories_key(_cfg(tmp_path, sources, "precision=fp32", "data.batch_size=8"), TOK) == fp32
+    old = ("precision=fp32", "data.batching=fixed", "data.batch_size=16")
+    fixed = trajectories_key(_cfg(tmp_path, sources, *old), TOK)
+    assert "batching" not in fixed["data"] and fixed["data"]["batch_size"] == 16 and fixed != fp32
+    assert fixed["data"] == {**{k: v for k, v in fp32["data"].items() if k != "batching"}, "batch_size": 16}
 
 
 def test_data_seed_holds_the_trajectories_while_the_training_seed_moves(tmp_path):

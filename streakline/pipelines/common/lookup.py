@@ -65,9 +65,25 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     data.pop("allow_eval_overlap", None)  # a permission: the rows do not depend on it
     data.pop("max_feature_gb", None)  # a limit on disk use: neither the rows nor the features depend on it
     data.pop("seed", None)  # the key's own "seed" is the one the rows are sampled with
+    if data.get("batching") == "continuous":  # each row its own seed: the batch size changes no row (docs/data.md)
+        data.pop("batch_size", None)
     key = {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": data_seed(cfg)}
+    precision = sampling_precision(cfg)
+    if precision != "fp32":  # what the rows were sampled in; fp32, what every run before the setting used, is unsaid
+        key["precision"] = precision
     # what the names do not pin (fingerprints.py): nothing for a preset, the world's folders and built-in sources
     return {**key, **role_parts(cfg, "verifier"), **_files(cfg, cfg.data.prompt_sources)}
+
+
+def sampling_precision(cfg: DictConfig) -> str:
+    """The precision stage=trajectories samples the verifier in here (``models.precision``; a bf16 or fp16 preset
+    stays in its own dtype): ``fp32``, ``bf16`` or ``fp16``."""
+    from streakline.models.precision import model_dtype
+
+    from .roles import device
+
+    dtype = model_dtype(cfg.get("precision", "auto"), str(cfg.model.verifier.get("dtype") or "float32"), device())
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
 
 
 def data_seed(cfg: DictConfig) -> int:
@@ -84,7 +100,9 @@ def _files(cfg: DictConfig, sources) -> dict[str, Any]:
 
 
 # ``data`` fields added after trajectories existed, with the default that reproduces what runs did before them.
-LATER_DATA_DEFAULTS = {"long_prompts": "error", "fields": {}, "feature_layers": [], "skip_bad_lines": False}
+LATER_DATA_DEFAULTS = {
+    "long_prompts": "error", "fields": {}, "feature_layers": [], "skip_bad_lines": False, "batching": "fixed",
+}  # fmt: skip
 
 
 def trajectories_dir(cfg: DictConfig) -> Path:

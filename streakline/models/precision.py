@@ -1,0 +1,145 @@
+"""Which floating-point precision a model runs in, chosen from what the hardware does natively, never guessed.
+
+bf16 halves the bytes of every weight and activation, and where the hardware multiplies bf16 natively it runs GEMMs
+several times faster than fp32 (AMX tiles on Sapphire Rapids and later Xeons, AVX512-BF16 on Cooper Lake, Zen 4 and
+later; every NVIDIA GPU from Ampere on). Where bf16 is only emulated (converted to fp32 around every op) it is
+slower than fp32 and less exact, so there ``auto`` keeps fp32.
+
+The top-level setting ``precision`` (``auto`` | ``fp32`` | ``bf16``) is the inference precision of the stages that
+sample or score with a frozen model; ``STAGE_PRECISION`` says which stage applies it to which role, and
+``stage=doctor`` prints what was detected and what each stage will use. ``precision=fp32`` brings back fp32
+everywhere; ``precision=bf16`` forces bf16 (with a warning where it is emulated).
+
+    detect("cpu")                      # Hardware(device="cpu", native_bf16=True, evidence="amx_bf16, avx512_bf16")
+    resolve("auto", "cpu")             # "bf16" on such a CPU, "fp32" on one without native bf16
+    torch_dtype("bf16")                # torch.bfloat16
+
+Tests: ``pytest tests/models/test_precision.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+
+import torch
+
+from streakline.errors import UserError
+
+CHOICES = ("auto", "fp32", "bf16")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# /proc/cpuinfo flags that mean a native bf16 dot product: x86's AMX tiles and AVX512-BF16, arm64's BF16 extension
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+# The stages that apply ``precision`` and the roles they build with it. Distill trains in trainer.precision.
+STAGE_PRECISION = {"trajectories": ("verifier",)}
+
+
+class PrecisionError(UserError, ValueError):
+    """A precision setting that is not one of ``CHOICES``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    device: str  # "cpu" or "cuda"
+    native_bf16: bool
+    evidence: str  # what the decision rests on: the CPU flags found, or the GPU's name and compute capability
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (``flags`` on x86, ``Features`` on arm64); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _torch_says_bf16() -> list[str]:
+    """What torch's own CPU probe reports (private helpers, so any may be missing in another version)."""
+    found = []
+    for name, label in (("_is_amx_tile_supported", "amx_tile"), ("_is_avx512_bf16_supported", "avx512_bf16")):
+        probe = getattr(torch.cpu, name, None)
+        try:
+            if probe is not None and probe():
+                found.append(f"{label} (torch)")
+        except Exception:  # a probe that fails proves nothing either way
+            continue
+    return found
+
+
+def detect(device: str | torch.device = "cpu", flags: frozenset[str] | None = None) -> Hardware:
+    """Whether ``device`` multiplies bf16 natively, and the evidence. ``flags``: CPU flags to judge instead of this
+    machine's (tests)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        index = torch.device(device).index or 0
+        major, minor = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+        return Hardware("cuda", major >= 8, f"{name}, compute capability {major}.{minor}")
+    if kind != "cpu":
+        return Hardware(kind, False, f"{kind}: not probed")
+    own = flags is None
+    flags = cpu_flags() if own else flags
+    found = [f for f in CPU_BF16_FLAGS if f in flags]
+    if own and not found:  # no /proc/cpuinfo (another OS): torch's probe is the next best evidence
+        found = _torch_says_bf16()
+    if found:
+        return Hardware("cpu", True, ", ".join(found))
+    return Hardware("cpu", False, "no AMX-BF16, AVX512-BF16 or BF16 flag (bf16 would be emulated)")
+
+
+def check(setting: str) -> None:
+    if setting not in CHOICES:
+        raise PrecisionError(f"precision={setting!r} is not one of {', '.join(CHOICES)}; use precision=auto")
+
+
+def resolve(setting: str, device: str | torch.device = "cpu", hardware: Hardware | None = None) -> str:
+    """``fp32`` or ``bf16`` for ``setting`` on ``device``: ``auto`` is bf16 exactly where it is native.
+    A forced ``bf16`` on hardware that emulates it is honoured with a warning (slower than fp32 there)."""
+    check(setting)
+    hw = hardware or detect(device)
+    if setting == "auto":
+        return "bf16" if hw.native_bf16 else "fp32"
+    if setting == "bf16" and not hw.native_bf16:
+        warnings.warn(
+            f"precision=bf16 on {hw.device} without native bf16 ({hw.evidence}): it is emulated, slower than fp32 "
+            "and less exact; precision=auto picks fp32 here",
+            stacklevel=2,
+        )
+    return setting
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of a resolved precision (``fp32`` or ``bf16``)."""
+    return DTYPES[precision]
+
+
+def model_dtype(setting: str, preset_dtype: str, device: str | torch.device = "cpu") -> torch.dtype:
+    """The dtype a frozen model of a preset whose own ``dtype`` is ``preset_dtype`` runs in under ``setting``: the
+    resolved precision, except that ``auto`` never raises a preset's half-precision dtype to fp32 (a 70B preset in
+    bf16 stays bf16 on hardware without native bf16: fp32 would not fit). ``fp32`` and ``bf16`` are taken as said."""
+    resolved = resolve(setting, device)
+    if setting == "auto" and resolved == "fp32" and preset_dtype in ("bfloat16", "float16"):
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16}[preset_dtype]
+    return torch_dtype(resolved)
+
+
+def report(setting: str, device: str | torch.device = "cpu") -> dict[str, object]:
+    """What ``stage=doctor`` prints: the hardware, the evidence, the setting, what it resolves to, and per stage
+    that applies it the roles and the precision they run in."""
+    hw = detect(device)
+    resolved = resolve(setting, device, hw) if setting in CHOICES else None
+    return {
+        "device": hw.device,
+        "native_bf16": hw.native_bf16,
+        "evidence": hw.evidence,
+        "setting": setting,
+        "resolved": resolved,
+        "stages": {stage: {"roles": list(roles), "precision": resolved} for stage, roles in STAGE_PRECISION.items()},
+    }
