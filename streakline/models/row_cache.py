@@ -46,7 +46,7 @@ class RowCache:
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         self.rows: torch.Tensor | None = None  # the rows the next forwards touch; None: all
         self._write: tuple[torch.Tensor, torch.Tensor] | None = None  # (row ids [n, T], slot ids [n, T])
-        self._fresh, self._ends, self._base = False, [], None  # this forward's (begin)
+        self._fresh, self._chunks = False, []  # this forward's (begin): a prefill of fresh rows; the row chunks
         self._added: torch.Tensor | None = None  # [n] tokens each row gains at commit
 
     @classmethod
@@ -113,8 +113,7 @@ class RowCache:
         # a short row's padding never indexes past the capacity
         self._write = (rows[:, None].expand(n, T), slots.clamp(max=self.capacity - 1))
         self._fresh = not bool(base.any())  # every used row starts empty: a prefill
-        self._ends = (base + T).tolist()  # per used row, the keys its last query sees
-        self._base = base
+        self._chunks = [] if self._fresh else self._plan(base, T)
         self._added = torch.full((n,), T, device=base.device) if valid is None else valid.long().sum(1)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -133,27 +132,35 @@ class RowCache:
         self.update(layer, k, v)
         if self._fresh:
             return attend(q, k, v, None, q.shape[2] > 1)
-        n, T = q.shape[0], q.shape[2]
         outs = []
-        for start in range(0, n, CHUNK):
-            stop = min(n, start + CHUNK)
-            span = max(self._ends[start:stop])
+        for start, stop, span, mask in self._chunks:
             if self.rows is None:  # views: no copy of the keys
                 ks, vs = self.k[layer, start:stop, :, :span], self.v[layer, start:stop, :, :span]
             else:
                 pick = self.rows[start:stop]
                 ks, vs = self.k[layer, pick, :, :span], self.v[layer, pick, :, :span]
-            rel = torch.arange(span, device=q.device)[None, None, :] - self._base[start:stop, None, None]
-            allowed = rel <= torch.arange(T, device=q.device)[None, :, None]  # [c, T, span]
-            outs.append(attend(q[start:stop], ks, vs, allowed[:, None], False))
+            outs.append(attend(q[start:stop], ks, vs, mask, False))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _plan(self, base: torch.Tensor, T: int) -> list[tuple[int, int, int, torch.Tensor]]:
+        """``(start, stop, span, mask [c, 1, T, span])`` of each chunk of used rows: built once per forward, read
+        by every layer. Query t of a row sees its slots before ``base`` and its new tokens up to t."""
+        ends = (base + T).tolist()
+        chunks = []
+        for start in range(0, len(ends), CHUNK):
+            stop = min(len(ends), start + CHUNK)
+            span = max(ends[start:stop])
+            rel = torch.arange(span, device=base.device)[None, None, :] - base[start:stop, None, None]
+            chunks.append((start, stop, span, (rel <= torch.arange(T, device=base.device)[None, :, None])[:, None]))
+        return chunks
 
     def commit(self) -> None:
         if self.rows is None:
             self.lengths += self._added
         else:
             self.lengths[self.rows] += self._added
-        self._write = self._added = self._base = None
+        self._write = self._added = None
+        self._chunks = []
 
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep only rows ``index`` (``[B']`` long), in that order: one copy, when most rows have left for good."""
