@@ -14,6 +14,7 @@ Run the tests with ``.venv/bin/python -m pytest -q tests/alignment/test_losses_c
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -33,13 +34,88 @@ def _check_numerics(temperature: float, chunk: int) -> None:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
 
 
-def _ranges(vocab: int, chunk: int) -> list[tuple[int, int]]:
+# On a CPU a chunk is also kept small enough that its fp32 logits ([M, C]) stay in the cores' caches between the
+# elementwise passes over them (upcast, log-sum-exp, softmax, scaling), which cost more than the GEMM there once it
+# runs in bf16. 4 MB measured best at SmolLM2's head (M = 512 label slots, C = 2048: 1.4x faster than C = 8192 in
+# fp32 and in bf16, forward and backward). A GPU keeps the chunk asked for.
+CPU_BLOCK_BYTES = 4 << 20
+MIN_CPU_CHUNK = 256
+
+
+def _ranges(vocab: int, chunk: int, rows: int = 0, device: torch.device | None = None) -> list[tuple[int, int]]:
+    if device is not None and device.type == "cpu" and rows > 0:
+        chunk = min(chunk, max(MIN_CPU_CHUNK, CPU_BLOCK_BYTES // (4 * rows)))
     return [(start, min(start + chunk, vocab)) for start in range(0, vocab, chunk)]
 
 
-def _chunk_logits(h32: Tensor, weight_rows: Tensor, temperature: float) -> Tensor:
-    """``[M, C]`` fp32 logits of one vocabulary chunk; the fp32 upcast happens per chunk, never for all of V."""
-    return (h32 @ weight_rows.float().T) / temperature
+def _gemm_dtype(hidden: Tensor) -> torch.dtype:
+    """The dtype the chunk products multiply in: autocast's (bf16 under stage=distill's mixed precision, as every
+    other GEMM of the step) when autocast is on for ``hidden``'s device, else fp32. Read once in forward and kept:
+    backward runs outside the autocast region and must multiply as forward did. Every result is read in fp32, so
+    the normalisers and the losses reduce in fp32 either way."""
+    kind = hidden.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else torch.float32
+
+
+# The low-precision copy of each frozen output matrix (the verifier's head a DFlash drafter reads), made once and
+# reused by every step: casting a 152k x 4096 head each forward and backward would cost more than its GEMMs save.
+# Keyed by id, checked against the tensor, its storage and its version, and dropped when the tensor dies.
+_FROZEN: dict[int, tuple[weakref.ref, tuple[int, int, torch.dtype], Tensor]] = {}
+
+
+def _weight_in(weight: Tensor, dtype: torch.dtype) -> Tensor:
+    """``weight`` in the GEMM dtype: itself for fp32 (each chunk upcasts its own rows) or when it already is;
+    a cached copy when it is frozen; a fresh copy when it trains (its values change every step)."""
+    if dtype == torch.float32 or weight.dtype == dtype:
+        return weight
+    if weight.requires_grad:
+        return weight.detach().to(dtype)
+    stamp = (weight._version, weight.data_ptr(), dtype)
+    hit = _FROZEN.get(id(weight))
+    if hit is not None and hit[0]() is weight and hit[1] == stamp:
+        return hit[2]
+    low, key = weight.detach().to(dtype), id(weight)
+    _FROZEN[key] = (weakref.ref(weight, lambda _: _FROZEN.pop(key, None)), stamp, low)
+    return low
+
+
+def _gemm_input(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` as the products read it: fp32, or the GEMM dtype (cast once, not once per product)."""
+    return t.float() if dtype == torch.float32 else t.to(dtype)
+
+
+def _scaled_input(hidden: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
+    """``hidden / temperature`` in the GEMM dtype: the temperature divides the ``[M, H]`` rows once instead of
+    every ``[M, C]`` block of logits, forward and backward."""
+    h = hidden.float()
+    return _gemm_input(h if temperature == 1.0 else h / temperature, dtype)
+
+
+def _mm(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    """``a @ b`` multiplied in ``dtype``, read in fp32."""
+    if dtype == torch.float32:
+        return a.float() @ b.float()
+    return (a.to(dtype) @ b.to(dtype)).float()
+
+
+def _accumulate(grad_h, grad_w, dz: Tensor, hs: Tensor, rows: Tensor, start: int, end: int, dtype) -> None:
+    """One vocabulary chunk's share of the gradients (each None when not wanted), for ``dz`` = dL/dlogits of the
+    chunk and ``hs`` = hidden / T: ``grad_h += dz @ rows`` (the caller divides by T once at the end) and
+    ``grad_w[start:end] = dz.T @ hs``, multiplied in ``dtype`` and accumulated in fp32."""
+    if grad_h is not None:
+        if dtype == torch.float32:
+            grad_h.addmm_(dz, rows)
+        else:
+            grad_h += _mm(dz, rows, dtype)
+    if grad_w is not None:
+        grad_w[start:end] = _mm(dz.T, hs, dtype).to(grad_w.dtype)
+
+
+def _finish_grad_h(grad_h: Tensor | None, temperature: float, like: Tensor) -> Tensor | None:
+    """``grad_h / T`` (logits = hidden @ W.T / T) in the hidden states' dtype; None when not wanted."""
+    if grad_h is None:
+        return None
+    return (grad_h if temperature == 1.0 else grad_h / temperature).to(like.dtype)
 
 
 def _inside(ids: Tensor, start: int, end: int) -> tuple[Tensor, Tensor]:
@@ -61,49 +137,49 @@ def logsumexp_chunked(
     """``[M]`` fp32 ``logsumexp(hidden @ weight.T / temperature, -1)`` for hidden ``[M, H]``, weight ``[V, H]``,
     computed chunk by chunk over V. Carries no gradient (the Functions here use it as a saved normaliser)."""
     _check_numerics(temperature, chunk)
-    h32 = hidden.float()
-    lse = torch.full((h32.shape[0],), -math.inf, device=h32.device)
-    for start, end in _ranges(weight.shape[0], chunk):
-        lse = torch.logaddexp(lse, _chunk_logits(h32, weight[start:end], temperature).logsumexp(-1))
+    dtype = _gemm_dtype(hidden)
+    hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
+    lse = torch.full((hidden.shape[0],), -math.inf, device=hidden.device)
+    for start, end in _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device):
+        lse = torch.logaddexp(lse, _mm(hs, w[start:end].T, dtype).logsumexp(-1))
     return lse
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, ids, temperature, chunk):
-        h32 = hidden.float()
-        lse = torch.full((h32.shape[0],), -math.inf, device=h32.device)
-        picked = torch.zeros(ids.shape, device=h32.device)
-        for start, end in _ranges(weight.shape[0], chunk):
-            logits = _chunk_logits(h32, weight[start:end], temperature)
+        dtype = _gemm_dtype(hidden)
+        hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
+        lse = torch.full((hidden.shape[0],), -math.inf, device=hidden.device)
+        picked = torch.zeros(ids.shape, device=hidden.device)
+        for start, end in _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device):
+            logits = _mm(hs, w[start:end].T, dtype)
             lse = torch.logaddexp(lse, logits.logsumexp(-1))
             picked = picked + _pick(logits, ids, start, end)
         # Only the inputs (alive anyway) and the [M] normaliser are kept: backward recomputes each chunk.
         ctx.save_for_backward(hidden, weight, ids, lse)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.gemm = temperature, chunk, dtype
         return picked - lse[:, None]
 
     @staticmethod
     def backward(ctx, grad):
         hidden, weight, ids, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        T = ctx.temperature
-        h32, g = hidden.float(), grad.float()
-        g_total = g.sum(-1, keepdim=True)
-        grad_h = torch.zeros_like(h32) if need_h else None
+        T, dtype = ctx.temperature, ctx.gemm
+        hs, w = _scaled_input(hidden, T, dtype), _weight_in(weight, dtype)
+        g = grad.float()
+        minus_total = -g.sum(-1, keepdim=True)
+        grad_h = torch.zeros(hidden.shape, device=hidden.device) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
-        for start, end in _ranges(weight.shape[0], ctx.chunk):
-            w32 = weight[start:end].float()
-            # d log p_id / d logit_v = [v = id] - p_v; the softmax part is shared by the k picks of a row.
-            dz = (_chunk_logits(h32, w32, T) - lse[:, None]).exp_().mul_(-g_total)
+        for start, end in _ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device):
+            rows = _gemm_input(w[start:end], dtype)
+            # d log p_id / d logit_v = [v = id] - p_v; the softmax part is shared by the k picks of a row. The
+            # product stays in the GEMM dtype until the subtraction, which reads it in fp32 (one pass, not two).
+            dz = torch.sub(hs @ rows.T, lse[:, None]).exp_().mul_(minus_total)
             inside, local = _inside(ids, start, end)
             dz.scatter_add_(1, local, torch.where(inside, g, 0.0))
-            dz.div_(T)
-            if need_h:
-                grad_h.addmm_(dz, w32)
-            if need_w:
-                grad_w[start:end] = (dz.T @ h32).to(grad_w.dtype)
-        return (grad_h.to(hidden.dtype) if need_h else None), grad_w, None, None, None
+            _accumulate(grad_h, grad_w, dz, hs, rows, start, end, dtype)
+        return _finish_grad_h(grad_h, T, hidden), grad_w, None, None, None
 
 
 def chunked_logprobs(
@@ -198,22 +274,24 @@ def divergence_terms(name: str, logp: Tensor, logq: Tensor, beta: float = 0.5) -
 class _ChunkedDivergence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, teacher, labels, name, beta, temperature, chunk):
-        h32 = hidden.float()
+        dtype = _gemm_dtype(hidden)
+        hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
         fn = DIVERGENCES[name]
         lse_q = logsumexp_chunked(hidden, weight, temperature=temperature, chunk=chunk)
         lse_p = torch.full_like(lse_q, -math.inf)
-        for start, end in _ranges(weight.shape[0], chunk):
+        ranges = _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device)
+        for start, end in ranges:
             lse_p = torch.logaddexp(lse_p, teacher[:, start:end].float().logsumexp(-1))
         div, b_total, label = torch.zeros_like(lse_q), torch.zeros_like(lse_q), torch.zeros_like(lse_q)
-        for start, end in _ranges(weight.shape[0], chunk):
-            logq = _chunk_logits(h32, weight[start:end], temperature) - lse_q[:, None]
+        for start, end in ranges:
+            logq = torch.sub(hs @ _gemm_input(w[start:end], dtype).T, lse_q[:, None])
             logp = teacher[:, start:end].float() - lse_p[:, None]
             terms, b = fn(logp, logq, beta)
             div += terms.sum(-1)
             b_total += b.sum(-1)
             label += _pick(logq, labels[:, None], start, end)[:, 0]
         ctx.save_for_backward(hidden, weight, teacher, lse_q, lse_p, b_total)
-        ctx.name, ctx.beta, ctx.temperature, ctx.chunk = name, beta, temperature, chunk
+        ctx.name, ctx.beta, ctx.temperature, ctx.chunk, ctx.gemm = name, beta, temperature, chunk, dtype
         ctx.mark_non_differentiable(label)
         return div, label
 
@@ -221,24 +299,22 @@ class _ChunkedDivergence(torch.autograd.Function):
     def backward(ctx, grad_div, _grad_label):
         hidden, weight, teacher, lse_q, lse_p, b_total = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        T, fn = ctx.temperature, DIVERGENCES[ctx.name]
-        h32, g = hidden.float(), grad_div.float()[:, None]
+        T, fn, dtype = ctx.temperature, DIVERGENCES[ctx.name], ctx.gemm
+        hs, w = _scaled_input(hidden, T, dtype), _weight_in(weight, dtype)
+        g = grad_div.float()[:, None]
         # A row nobody asked about (an invalid slot, masked with zero upstream grad) may hold a NaN divergence,
         # e.g. a padded teacher row of -inf; 0 * NaN must not leak into the shared weight gradient.
         silent = g == 0
-        grad_h = torch.zeros_like(h32) if need_h else None
+        grad_h = torch.zeros(hidden.shape, device=hidden.device) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
-        for start, end in _ranges(weight.shape[0], ctx.chunk):
-            w32 = weight[start:end].float()
-            logq = _chunk_logits(h32, w32, T) - lse_q[:, None]
+        for start, end in _ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device):
+            rows = _gemm_input(w[start:end], dtype)
+            logq = torch.sub(hs @ rows.T, lse_q[:, None])
             logp = teacher[:, start:end].float() - lse_p[:, None]
             b = fn(logp, logq, ctx.beta)[1]
-            dz = torch.where(silent, 0.0, (b - logq.exp() * b_total[:, None]) * g / T)
-            if need_h:
-                grad_h.addmm_(dz, w32)
-            if need_w:
-                grad_w[start:end] = (dz.T @ h32).to(grad_w.dtype)
-        return (grad_h.to(hidden.dtype) if need_h else None), grad_w, None, None, None, None, None, None
+            dz = torch.where(silent, 0.0, (b - logq.exp() * b_total[:, None]) * g)
+            _accumulate(grad_h, grad_w, dz, hs, rows, start, end, dtype)
+        return _finish_grad_h(grad_h, T, hidden), grad_w, None, None, None, None, None, None
 
 
 def chunked_divergence(

@@ -4,6 +4,7 @@ Everything the trainer needs from the distributed world goes through ``DeepSpeed
 
     strategy = DeepSpeedStrategy(trainer_cfg, seed=0)           # joins torchrun's process group, or makes a 1-rank one
     engine = strategy.setup(module)                             # ZeRO 0/2/3, fp32/bf16, clipping, warmup+cosine LR
+    DeepSpeedStrategy(trainer_cfg, autocast=torch.bfloat16)     # fp32 weights, bf16 GEMMs (DeepSpeed's torch_autocast)
     loss, metrics = engine(batch); strategy.step(engine, loss)  # backward + (accumulated) optimizer step
     strategy.grad_norm(engine)                                  # the last step's global norm, before clipping
     rows = strategy.gather([tokens, memory])                    # every rank's numbers (collective)
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # DeepSpeed's names in "torch_autocast"
 
 
 def _free_port() -> int:
@@ -52,7 +54,9 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
 
 
 class DeepSpeedStrategy:
-    def __init__(self, trainer_cfg: Any, seed: int = 0) -> None:
+    def __init__(self, trainer_cfg: Any, seed: int = 0, autocast: torch.dtype | None = None) -> None:
+        """``autocast``: the dtype the engine's forwards run under (``models.precision.training_autocast``; bf16 on
+        hardware that multiplies it natively), with fp32 weights, gradients and optimizer state; None: none."""
         import deepspeed
         import torch.distributed as dist
 
@@ -73,6 +77,9 @@ class DeepSpeedStrategy:
         if self.cuda:
             torch.cuda.set_device(self.device)
         self.dtype = PRECISIONS[trainer_cfg.precision]
+        if autocast is not None and trainer_cfg.precision != "fp32":
+            raise ValueError(f"autocast runs over fp32 weights; trainer.precision={trainer_cfg.precision} is its own")
+        self.autocast = autocast
         self._grad_norm: torch.Tensor | None = None  # step(measure_grad_norm=True) where DeepSpeed keeps none
         torch.manual_seed(seed)
 
@@ -95,6 +102,10 @@ class DeepSpeedStrategy:
             config["bf16"] = {"enabled": True}
         elif c.precision == "fp16":
             config["fp16"] = {"enabled": True}
+        if self.autocast is not None:
+            # DeepSpeed's own torch.autocast around every engine forward (backward follows it); under ZeRO it also
+            # reduces the linear layers' gradients in this dtype
+            config["torch_autocast"] = {"enabled": True, "dtype": AUTOCAST_NAMES[self.autocast]}
         return config
 
     def setup(self, module: torch.nn.Module):

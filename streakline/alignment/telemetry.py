@@ -360,6 +360,7 @@ def run_metadata(strategy, engine, windows, cfg, params: dict[str, int] | None =
         "windows_per_example": windows.windows_per_seq,
         "zero_stage": cfg.zero_stage,
         "precision": cfg.precision,
+        "autocast": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(strategy, "autocast", None), "off"),
         "params_trainable": params["trainable"],
         "params_frozen": params["frozen"],
         "params_teacher": params["teacher"],

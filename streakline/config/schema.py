@@ -53,6 +53,7 @@ ZERO_STAGES = (0, 2, 3)
 PRECISIONS = ("fp32", "bf16")
 # the top-level ``precision`` (models/precision.py: CHOICES): "auto" is bf16 where the hardware has it natively
 INFERENCE_PRECISIONS = ("auto", "fp32", "bf16")
+AUTOCASTS = ("auto", "off", "bf16")  # trainer.autocast
 BATCHINGS = ("continuous", "fixed")  # data.batching
 # data.batch_size=None: the rows the free memory holds, at most this many per device type (decoding/batching.py);
 # stage=plan assumes the GPU's
@@ -333,6 +334,11 @@ class TrainerConfig:
     # on a GPU, compare the plan's peak for this run with the free memory each rank finds at distill start and warn
     # with the plan's fix when it does not fit (streakline/planning/free_memory.py); the run goes on either way
     plan_check: bool = True
+    # AUTOCASTS, mixed precision over an fp32 trainer (models/precision.py: training_autocast): auto runs the GEMMs
+    # of every forward and backward in bf16 where the top-level precision resolves to bf16 (native hardware), the
+    # weights, the optimizer and the loss reductions staying fp32; off: fp32 throughout; bf16: bf16 even where it
+    # is emulated. A bf16 trainer.precision (DeepSpeed's own) never autocasts
+    autocast: str = "auto"
 
 
 @dataclass
@@ -562,9 +568,9 @@ class Config:
     settings: dict[str, Any] = field(default_factory=dict)
     run_root: str = "runs"  # made absolute by validate.resolve_paths before any stage runs
     seed: int = 0
-    # INFERENCE_PRECISIONS: the precision frozen models run in where a stage applies it (models/precision.py,
-    # STAGE_PRECISION; stage=doctor lists them): auto is bf16 where the CPU (AMX, AVX512-BF16) or GPU multiplies it
-    # natively, else fp32. Training keeps trainer.precision
+    # auto | fp32 | bf16: the precision frozen models run in where a stage applies it, and the one stage=distill's
+    # trainer.autocast=auto follows (models/precision.py, STAGE_PRECISION; stage=doctor lists them): auto is bf16
+    # where the CPU (AMX, AVX512-BF16) or GPU multiplies it natively, else fp32
     precision: str = "auto"
     # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids
     prompt: str | None = None

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from streakline.config.schema import (
     ACCEPTANCE_RULES,
     ATTENTION_MODES,
+    AUTOCASTS,
     BATCHINGS,
     CHECKPOINT_KINDS,
     DECODERS,
@@ -376,6 +377,7 @@ def _data(cfg: DictConfig) -> None:
 def _trainer(cfg: DictConfig) -> None:
     _choice(cfg, "trainer.zero_stage", ZERO_STAGES)
     _choice(cfg, "trainer.precision", PRECISIONS)
+    _choice(cfg, "trainer.autocast", AUTOCASTS)
     _positive(cfg, "trainer.lr")
     _between(cfg, "trainer.min_lr_ratio", 0.0, 1.0)
     _at_least(cfg, "trainer.grad_clip", 0.0)

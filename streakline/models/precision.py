@@ -5,14 +5,15 @@ several times faster than fp32 (AMX tiles on Sapphire Rapids and later Xeons, AV
 later; every NVIDIA GPU from Ampere on). Where bf16 is only emulated (converted to fp32 around every op) it is
 slower than fp32 and less exact, so there ``auto`` keeps fp32.
 
-The top-level setting ``precision`` (``auto`` | ``fp32`` | ``bf16``) is the inference precision of the stages that
-sample or score with a frozen model; ``STAGE_PRECISION`` says which stage applies it to which role, and
-``stage=doctor`` prints what was detected and what each stage will use. ``precision=fp32`` brings back fp32
-everywhere; ``precision=bf16`` forces bf16 (with a warning where it is emulated).
+The top-level setting ``precision`` (``auto`` | ``fp32`` | ``bf16``) is the precision of the stages that sample or
+score with a frozen model, and of stage=distill's GEMMs (autocast over fp32 weights); ``STAGE_PRECISION`` says which
+stage applies it to which role, and ``stage=doctor`` prints what was detected and what each stage will use.
+``precision=fp32`` brings back fp32 everywhere; ``precision=bf16`` forces bf16 (with a warning where it is emulated).
 
     detect("cpu")                      # Hardware(device="cpu", native_bf16=True, evidence="amx_bf16, avx512_bf16")
     resolve("auto", "cpu")             # "bf16" on such a CPU, "fp32" on one without native bf16
     torch_dtype("bf16")                # torch.bfloat16
+    training_autocast("auto", "fp32")  # bf16 on such a CPU (stage=distill's mixed precision), None elsewhere
 
 Tests: ``pytest tests/models/test_precision.py``.
 """
@@ -31,8 +32,11 @@ CHOICES = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # /proc/cpuinfo flags that mean a native bf16 dot product: x86's AMX tiles and AVX512-BF16, arm64's BF16 extension
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
-# The stages that apply ``precision`` and the roles they build with it. Distill trains in trainer.precision.
-STAGE_PRECISION = {"trajectories": ("verifier",)}
+# The stages that apply ``precision`` and the roles they run with it. stage=distill applies it as mixed precision
+# (``training_autocast``, unless trainer.autocast=off): the drafter's and the verifier's forwards and backwards
+# under autocast, the weights, the optimizer and the loss reductions in fp32; a bf16 trainer.precision is
+# DeepSpeed's own and wins.
+STAGE_PRECISION = {"trajectories": ("verifier",), "distill": ("drafter (autocast over fp32 weights)", "verifier")}
 
 
 class PrecisionError(UserError, ValueError):
@@ -130,16 +134,43 @@ def model_dtype(setting: str, preset_dtype: str, device: str | torch.device = "c
     return torch_dtype(resolved)
 
 
-def report(setting: str, device: str | torch.device = "cpu") -> dict[str, object]:
+def training_autocast(
+    setting: str,
+    trainer_precision: str,
+    autocast: str = "auto",
+    device: str | torch.device = "cpu",
+    hardware: Hardware | None = None,
+) -> torch.dtype | None:
+    """The autocast dtype stage=distill trains under, or None (no autocast). Only an fp32 trainer autocasts: its
+    weights, optimizer state and loss reductions stay fp32 and the GEMMs of the forward and backward run in bf16.
+    ``autocast`` (``trainer.autocast``): ``auto`` where the top-level ``setting`` resolves to bf16, ``off`` never,
+    ``bf16`` always (with ``resolve``'s warning where it is emulated). A bf16 ``trainer.precision`` is DeepSpeed's
+    own mixed precision (bf16 weights, fp32 master copy in the optimizer) and needs no autocast on top."""
+    if trainer_precision != "fp32" or autocast == "off":
+        return None
+    wanted = "bf16" if autocast == "bf16" else setting
+    return torch.bfloat16 if resolve(wanted, device, hardware) == "bf16" else None
+
+
+def report(
+    setting: str, device: str | torch.device = "cpu", trainer_precision: str = "fp32", autocast: str = "auto"
+) -> dict[str, object]:
     """What ``stage=doctor`` prints: the hardware, the evidence, the setting, what it resolves to, and per stage
-    that applies it the roles and the precision they run in."""
+    that applies it the roles and the precision they run in (distill's from ``trainer.precision`` and
+    ``trainer.autocast`` too)."""
     hw = detect(device)
     resolved = resolve(setting, device, hw) if setting in CHOICES else None
+    stages = {stage: {"roles": list(roles), "precision": resolved} for stage, roles in STAGE_PRECISION.items()}
+    if trainer_precision != "fp32":  # DeepSpeed's own mixed precision: the weights themselves in half precision
+        stages["distill"] = {"roles": ["drafter (DeepSpeed, trainer.precision)"], "precision": trainer_precision}
+    elif resolved is not None:
+        amp = training_autocast(setting, trainer_precision, autocast, device, hw)
+        stages["distill"]["precision"] = "fp32" if amp is None else "bf16"
     return {
         "device": hw.device,
         "native_bf16": hw.native_bf16,
         "evidence": hw.evidence,
         "setting": setting,
         "resolved": resolved,
-        "stages": {stage: {"roles": list(roles), "precision": resolved} for stage, roles in STAGE_PRECISION.items()},
+        "stages": stages,
     }

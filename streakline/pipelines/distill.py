@@ -54,7 +54,7 @@ from streakline.config import ConfigError, compose_config
 from streakline.world import attach_world
 
 from .common.kinds import drafter_kind
-from .common.lookup import trajectories_dir
+from .common.lookup import autocast_part, training_autocast, trajectories_dir
 from .common.roles import role_tokenizer
 from .runner import Stage, StageResult
 
@@ -142,6 +142,7 @@ class Distill(Stage):
         if trainer.pop("resume_from", None):
             trainer["resume_from"] = _resume_source(cfg)
         trainer.pop("init_from", None)  # prepare() made it the drafter's path, which the key holds
+        trainer.pop("autocast", None)  # the setting: what it resolves to here is the key's "autocast" (below)
         kind = drafter_kind(cfg)
         return {
             "drafter": kind.run_key(cfg),
@@ -149,6 +150,7 @@ class Distill(Stage):
             "gamma": kind.gamma(cfg),
             "method": {**method_key(cfg.method), "drafter_temperature": train_temperature(cfg)},
             "trainer": trainer,
+            **autocast_part(cfg),  # bf16 autocast where the hardware has it (absent in fp32: older runs keep folders)
             "seed": cfg.seed,
             # the drafter's weights (a hub commit, a user folder's fingerprint) and a tokenizer other than the
             # trajectories': absent for presets and folders a finished stage wrote, so those keys did not move
@@ -163,7 +165,7 @@ class Distill(Stage):
 
         kind = drafter_kind(cfg)
         out, gamma, method = stage_run.dir, kind.gamma(cfg), cfg.method
-        strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed)
+        strategy = DeepSpeedStrategy(cfg.trainer, seed=cfg.seed, autocast=training_autocast(cfg))
         planned = _plan_check(cfg, strategy) if strategy.cuda and cfg.trainer.plan_check else None
         tokenizer = role_tokenizer(cfg, kind.tokenizer_role)  # a DFlash drafter drafts in the verifier's vocabulary
         stored_teacher = method.loss in TEACHER_LOSSES and method.teacher == "stored"

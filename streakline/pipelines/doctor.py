@@ -64,7 +64,8 @@ def precision_report(cfg: DictConfig) -> dict[str, Any]:
 
     from .common.roles import device
 
-    return {**report(cfg.precision, device()), "trainer": cfg.trainer.precision}
+    t = cfg.trainer
+    return {**report(cfg.precision, device(), t.precision, t.autocast), "trainer": t.precision, "autocast": t.autocast}
 
 
 def _cuda() -> tuple[bool, int]:
@@ -195,7 +196,9 @@ def format_report(report: dict[str, Any], model: str) -> str:
             lines.append(
                 f"  {'':<18} fp32 kept: bf16 would be emulated here (slower than fp32); precision=bf16 forces it"
             )
-        lines.append(f"  {'':<18} the trainer: trainer.precision={precision['trainer']}")
+        lines.append(
+            f"  {'':<18} the trainer: trainer.precision={precision['trainer']} trainer.autocast={precision['autocast']}"
+        )
     lines.append(f"roles (model={model})")
     for role, info in report["roles"].items():
         lines.append(

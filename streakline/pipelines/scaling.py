@@ -42,7 +42,7 @@ from streakline.config.schema import SCALING_LAUNCHES, SCALING_METRICS, ZERO_STA
 from streakline.evaluation import scaling as scaling_report
 from streakline.launch.slurm import launch_script
 
-from .common.lookup import stage_overrides, stage_settings
+from .common.lookup import autocast_part, stage_overrides, stage_settings
 from .runner import Stage, StageResult
 
 # Bump when the recipe changes what a config produces (which runs are read, how a rate is taken).
@@ -97,7 +97,8 @@ class Scaling(Stage):
         """The settings and everything the distill runs it reads depend on (their own keys decide reuse)."""
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data", "trainer", "decoder")}
         plain["trainer"].pop("wandb_project", None)  # where the runs log, not what they measure
-        return {"scaling": stage_settings(cfg), **plain, "seed": cfg.seed, "recipe": RECIPE}
+        plain["trainer"].pop("autocast", None)  # the setting; what it resolves to here is "autocast" (absent: fp32)
+        return {"scaling": stage_settings(cfg), **plain, **autocast_part(cfg), "seed": cfg.seed, "recipe": RECIPE}
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
         from . import run_stage  # the dispatcher: every run goes through the runner like any stage

@@ -1,5 +1,7 @@
 """Chunked log-probs (``streakline/alignment/chunked.py``): ``chunked_logprobs`` and ``logsumexp_chunked`` against
-the naive log-softmax (values and gradients, fp32 and bf16, any chunk size), out-of-range ids refused, and memory
+the naive log-softmax (values and gradients, fp32 and bf16, any chunk size), the same under autocast (bf16
+products read in fp32, backward in the forward's precision, frozen weights' cached copies never stale),
+out-of-range ids refused, and memory
 flat in V: the bytes autograd keeps and the largest tensor any op allocates at V = 50 000, for the log-probs and
 for a full-vocabulary divergence.
 
@@ -66,6 +68,68 @@ def test_chunked_logprobs_any_chunk_and_logsumexp(chunk):
 def test_chunked_logprobs_rejects_out_of_range_ids():
     with pytest.raises(ValueError, match=r"ids must lie in \[0, 23\)"):
         chunked_logprobs(torch.randn(2, H), torch.randn(V, H), torch.tensor([[0], [V]]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Under autocast (stage=distill's mixed precision): bf16 products, fp32 reductions
+
+
+def _bf16_logits(hidden, weight, temperature):
+    """What one bf16 GEMM gives, read in fp32: the logits the chunks must reproduce under autocast (the temperature
+    divides the hidden states before they are rounded, as ``chunked.py`` folds it in)."""
+    return ((hidden / temperature).bfloat16() @ weight.bfloat16().T).float()
+
+
+@pytest.mark.parametrize("trainable", [True, False])
+def test_under_autocast_the_chunks_multiply_in_bf16_and_reduce_in_fp32(trainable):
+    M, Vb, Hb, T = 29, 1001, 64, 0.7
+    g = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(M, Hb, generator=g), torch.randn(Vb, Hb, generator=g) * 0.5
+    ids, labels, upstream = torch.randint(0, Vb, (M, 2)), torch.randint(0, Vb, (M,)), torch.randn(M, 2)
+    teacher = torch.randn(M, Vb, generator=g)
+    exact = torch.log_softmax(hidden @ weight.T / T, -1)
+    want = torch.log_softmax(_bf16_logits(hidden, weight, T), -1)  # fp32 softmax over bf16 products
+    assert (want - exact).abs().max() > 1e-3  # the two are told apart: bf16 rounding is far above fp32's
+
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(trainable)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = chunked_logprobs(h, w, ids, temperature=T, chunk=128)
+        lse = logsumexp_chunked(h, w, temperature=T, chunk=128)
+        div, label = chunked_divergence(h, w, teacher, labels, name="fkl", temperature=T, chunk=128)
+    assert got.dtype == lse.dtype == div.dtype == torch.float32
+    torch.testing.assert_close(got, want.gather(-1, ids), rtol=0, atol=2e-5)
+    torch.testing.assert_close(label, want.gather(-1, labels[:, None])[:, 0], rtol=0, atol=2e-5)
+    torch.testing.assert_close(lse, _bf16_logits(hidden, weight, T).logsumexp(-1), rtol=0, atol=2e-5)
+    p = torch.softmax(teacher, -1)
+    torch.testing.assert_close(div, (p * (p.log() - want)).sum(-1), rtol=0, atol=2e-5)
+
+    # backward runs outside autocast, in the forward's precision: the exact gradient of these values, up to the
+    # bf16 rounding of the upstream factor and the weight in the two products (8 mantissa bits)
+    ((got * upstream).sum() + div.sum()).backward()
+    h_ref, w_ref = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    logq = torch.log_softmax((h_ref @ w_ref.T) / T, -1)
+    ((logq.gather(-1, ids) * upstream).sum() + (p * (p.log() - logq)).sum()).backward()
+    scale = h_ref.grad.abs().max()
+    assert (h.grad - h_ref.grad).abs().max() < 3e-2 * scale
+    if trainable:
+        assert (w.grad - w_ref.grad).abs().max() < 3e-2 * w_ref.grad.abs().max()
+    else:
+        assert w.grad is None
+
+
+def test_a_frozen_weight_changed_in_place_is_not_read_from_its_stale_copy():
+    hidden, weight = torch.randn(5, 32), torch.randn(300, 32)  # frozen: no grad, so its bf16 copy is cached
+    first, other = weight.clone(), torch.randn(300, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = logsumexp_chunked(hidden, weight, chunk=64)
+        assert torch.equal(logsumexp_chunked(hidden, weight, chunk=64), before)  # the cached copy: same values
+        with torch.no_grad():
+            weight.mul_(2.0)  # in place: a new version of the same tensor
+        doubled = logsumexp_chunked(hidden, weight, chunk=64)
+        weight.data = other  # another storage under the same tensor
+        swapped = logsumexp_chunked(hidden, weight, chunk=64)
+    for got, w in ((before, first), (doubled, 2 * first), (swapped, other)):
+        torch.testing.assert_close(got, _bf16_logits(hidden, w, 1.0).logsumexp(-1), rtol=0, atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------

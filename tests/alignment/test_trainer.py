@@ -8,6 +8,7 @@ mid-prune, and trainer.resume_from extending another run bit-exactly.
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
 import pytest
@@ -93,10 +94,10 @@ def _cfg(**values):
     return OmegaConf.structured(TrainerConfig(**{**base, **values}))
 
 
-def _train(run_dir: Path, *, fit: bool = True, **values) -> Trainer:
+def _train(run_dir: Path, *, fit: bool = True, autocast: torch.dtype | None = None, **values) -> Trainer:
     """A Trainer in ``run_dir`` (``values`` override the trainer settings), resumed and, with ``fit``, trained."""
     cfg = _cfg(**values)
-    strategy = DeepSpeedStrategy(cfg, seed=0)
+    strategy = DeepSpeedStrategy(cfg, seed=0, autocast=autocast)
     drafter = Transformer(tiny_config("qwen2", attention="prefix_causal", mask_token_id=MASK)).init_weights(seed=1)
     engine = strategy.setup(DraftTrainModule(drafter, LossSettings(name="ce_streak"), mask_id=MASK))
     windows = TrajectoryWindows(_rows(), gamma=4, mask_id=MASK, windows_per_seq=4)
@@ -243,3 +244,29 @@ def test_resume_from_is_resolved_or_refused_before_any_folder_is_made(tmp_path, 
     assert DISTILL.key(extended)["trainer"]["resume_from"] == str(finished / "deepspeed" / "step-000004")
     pruned = compose_config(["stage=distill", f"run_root={root}", "trainer.keep_last=5", "trainer.keep_exports=3"])
     assert DISTILL.key(pruned) == DISTILL.key(base)  # pruning is cadence: it does not move the run
+
+
+def test_the_strategy_asks_deepspeed_for_autocast_over_fp32_weights_only():
+    base = dict(micro_batch_size=2, grad_accum=1, grad_clip=1.0, zero_stage=0)
+    strategy = DeepSpeedStrategy(SimpleNamespace(precision="fp32", **base), autocast=torch.bfloat16)
+    config = strategy.ds_config()
+    assert config["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"} and "bf16" not in config
+    assert "torch_autocast" not in DeepSpeedStrategy(SimpleNamespace(precision="fp32", **base)).ds_config()
+    with pytest.raises(ValueError, match="fp32 weights"):
+        DeepSpeedStrategy(SimpleNamespace(precision="bf16", **base), autocast=torch.bfloat16)
+
+
+def test_mixed_precision_keeps_fp32_weights_and_trains_as_fp32_does(tmp_path):
+    """DeepSpeed's autocast over an fp32 trainer (stage=distill where bf16 is native): the weights and their
+    updates stay fp32, the forwards really run in bf16 (the run differs from fp32's), and 8 steps move the weights
+    where fp32's moved them, up to bf16's rounding."""
+    start = Transformer(tiny_config("qwen2", attention="prefix_causal", mask_token_id=MASK)).init_weights(seed=1)
+    runs = {name: _train(tmp_path / name, autocast=dtype) for name, dtype in (("fp32", None), ("bf16", torch.bfloat16))}
+    weights = {name: dict(run.engine.module.drafter.named_parameters()) for name, run in runs.items()}
+    moved = apart = 0.0
+    for name, w0 in start.named_parameters():
+        w32, w16 = weights["fp32"][name], weights["bf16"][name]
+        assert w16.dtype == torch.float32
+        moved += float((w32 - w0).norm() ** 2)
+        apart += float((w16 - w32).norm() ** 2)
+    assert 0 < apart < 0.2**2 * moved, (apart, moved)  # 0.05 here: bf16 rounding, not another trajectory

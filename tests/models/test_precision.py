@@ -65,3 +65,19 @@ def test_doctor_reports_the_detection_and_each_stage_precision(capsys):
         "precision": "fp32",
     }
     assert "precision=fp32 -> fp32" in printed and "trajectories" in printed and hw.evidence in printed
+
+
+def test_distill_autocasts_an_fp32_trainer_exactly_where_bf16_is_native():
+    from streakline.models.precision import training_autocast
+
+    native, emulated = Hardware("cpu", True, "amx_bf16"), Hardware("cpu", False, "none")
+    assert training_autocast("auto", "fp32", hardware=native) == torch.bfloat16
+    assert training_autocast("auto", "fp32", hardware=emulated) is None  # emulated bf16: fp32 kept
+    assert training_autocast("fp32", "fp32", hardware=native) is None  # precision=fp32: fp32 everywhere
+    assert training_autocast("auto", "fp32", "off", hardware=native) is None  # trainer.autocast=off: distill only
+    with pytest.warns(UserWarning, match="emulated"):
+        assert training_autocast("auto", "fp32", "bf16", hardware=emulated) == torch.bfloat16  # forced
+    # DeepSpeed's own bf16 (half-precision weights, fp32 master copy) needs no autocast on top
+    assert training_autocast("auto", "bf16", hardware=native) is None
+    report = precision.report("auto", "cpu", trainer_precision="bf16")
+    assert report["stages"]["distill"] == {"roles": ["drafter (DeepSpeed, trainer.precision)"], "precision": "bf16"}

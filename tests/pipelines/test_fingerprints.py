@@ -275,3 +275,18 @@ def test_roles_parts_merges_the_roles_and_leaves_out_missing_weights_only_when_a
         roles_parts(cfg, roles)
     assert roles_parts(cfg, (*roles, "no_such_role"), skip_missing=True) == mine
     assert model_content(cfg) == {"model_content": mine}
+
+
+def test_mixed_precision_moves_the_distill_key_and_fp32_keeps_the_old_one(world):
+    """What trainer.autocast resolves to is in the key (a bf16-autocast drafter is another drafter); an fp32 run,
+    where the setting is off or the hardware has no native bf16, keeps the key runs had before the setting."""
+    from streakline.models.precision import detect
+
+    _, cfg = world
+    off = DISTILL.key(OmegaConf.merge(cfg, {"trainer": {"autocast": "off"}}))
+    assert "autocast" not in off and "autocast" not in off["trainer"]
+    fp32 = DISTILL.key(OmegaConf.merge(cfg, {"precision": "fp32"}))  # fp32 everywhere: fp32 trajectories too
+    assert {**fp32, "trajectories": off["trajectories"]} == off
+    forced = DISTILL.key(OmegaConf.merge(cfg, {"trainer": {"autocast": "bf16"}}))
+    assert {k: v for k, v in forced.items() if k != "autocast"} == off and forced["autocast"] == "bf16"
+    assert DISTILL.key(cfg) == (forced if detect("cpu").native_bf16 else off)  # auto: as the hardware says

@@ -29,6 +29,7 @@ import shlex
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import complete_runs, config_hash, manifest_or_none, run_path
@@ -84,6 +85,25 @@ def sampling_precision(cfg: DictConfig) -> str:
 
     dtype = model_dtype(cfg.get("precision", "auto"), str(cfg.model.verifier.get("dtype") or "float32"), device())
     return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
+
+
+def training_autocast(cfg: DictConfig) -> torch.dtype | None:
+    """The autocast dtype stage=distill trains under here (``models.precision.training_autocast``: bf16 over an
+    fp32 trainer where the device multiplies bf16 natively, unless ``precision=fp32`` or ``trainer.autocast=off``),
+    or None."""
+    from streakline.models.precision import training_autocast as resolve_autocast
+
+    from .roles import device
+
+    t = cfg.trainer
+    return resolve_autocast(cfg.get("precision", "auto"), t.precision, t.get("autocast", "auto"), device())
+
+
+def autocast_part(cfg: DictConfig) -> dict[str, str]:
+    """``{"autocast": "bf16"}`` for a run key when distill autocasts, else ``{}``: runs trained in fp32, as every
+    run before the setting was, keep their folders."""
+    dtype = training_autocast(cfg)
+    return {} if dtype is None else {"autocast": {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]}
 
 
 def data_seed(cfg: DictConfig) -> int:
