@@ -7,7 +7,7 @@
 #                   (stage=bootstrap model=micro) and its trajectories in a fresh run root
 #   kernel_tests    python -m pytest tests/decoding/kernels tests/models/test_attention.py tests/decoding/test_engines.py
 #                   (compiled Triton; flash / efficient attention; CUDA graphs give the eager tokens)
-#   bench_kernels   python bench/kernels.py: Triton against torch for the decoder kernels
+#   bench_kernels   python bench/triton_kernels.py: Triton against torch for the decoder kernels
 #   gpu_decode      python bench/gpu_decode.py: bandwidth, roofline, vanilla / transformers tokens/s, speculative
 #                   cycle cost at the real 7B / 14B shapes, against the speed goals (also as gpu_decode.json)
 #   distill_zero2   stage=distill on the micro world under DeepSpeed ZeRO-2, bf16, NCCL, one rank, 4 steps
@@ -198,7 +198,7 @@ part setup 180 bash -c "$(declare -p WORLD); setup"
 part kernel_tests 180 "$PY" -m pytest tests/decoding/kernels tests/models/test_attention.py \
     tests/decoding/test_engines.py -q
 if [ "$GPU" = 1 ]; then
-    part bench_kernels 60 "$PY" bench/kernels.py
+    part bench_kernels 60 "$PY" bench/triton_kernels.py
 else
     skip bench_kernels "needs a CUDA GPU: it times compiled Triton kernels"
 fi

@@ -11,8 +11,8 @@ and noise changes hit both alike) and the ratio torch / triton (> 1 means Triton
 max |scores_torch - scores_triton| and whether chosen / accepted / next_token agree (they may differ only when a
 uniform lands within float rounding of a boundary; see the verify module docstring). Not a test: nothing is asserted.
 
-    python bench/kernels.py
-    python bench/kernels.py --repeats 50
+    python bench/triton_kernels.py
+    python bench/triton_kernels.py --repeats 50
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("bench/kernels.py needs a CUDA GPU (it times compiled Triton kernels); nothing to do here.")
+        print("bench/triton_kernels.py needs a CUDA GPU (it times compiled Triton kernels); nothing to do here.")
         return
     import triton
 
