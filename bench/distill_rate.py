@@ -11,9 +11,10 @@ verifier's 49,152 rows) trains from the same seeded start on the same windows fo
               the optimizer in fp32
 
 Each row is a real ``launch.py stage=distill`` process (one rank, ``trainer=cpu``, ``method.features=stored``, the
-``--method`` loss). The rate is label positions per second over steps ``--skip``+1 .. ``--steps`` from the run's
-``metrics.jsonl`` (``alignment/telemetry.py``: with ``log_every=1`` each record's ``step_time`` is that step's own),
-so start-up, the held-out check and the final save are left out. Both rows end with the same held-out check
+``--method`` loss), trained afresh (the bench removes its own earlier distill runs, which would be reused). The rate
+is label positions per second over steps ``--skip``+1 .. ``--steps`` from the run's ``metrics.jsonl``
+(``alignment/telemetry.py``: with ``log_every=1`` each record's ``step_time`` is that step's own), so start-up, the
+held-out check and the final save are left out. Both rows end with the same held-out check
 (``trainer.eval_prompts`` prompts of ``--eval-sources``, the simulated streak the trainer logs): mixed precision must
 buy its rate at equal acceptance, within what a seed changes (``--seeds`` gives that spread). Not a test: nothing is
 asserted. Run it alone: another process on the 2 cores distorts both rows.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,6 +63,8 @@ def _env() -> dict[str, str]:
 
 
 def run_row(args, name: str, seed: int) -> dict | None:
+    # the bench's own distill runs go: a finished run of the same key would be found and reused, not timed
+    shutil.rmtree(Path(args.run_root) / "bench_distill" / "distill", ignore_errors=True)
     cmd = [sys.executable, "launch.py", *_distill(args, seed), *ROWS[name]]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=3600)
@@ -114,8 +118,7 @@ def main() -> None:
         f"{'bf16 autocast' if amp is not None else 'fp32 (no autocast): both rows are fp32 here'}"
     )
     t0 = time.perf_counter()
-    # a process of its own, as the rows: the first one imports the GGUF file into --run-root, through transformers,
-    # which must not find this folder's kernels.py on its path
+    # a process of its own, as the rows are: the stage's progress bars and report stay out of the table
     cmd = [sys.executable, "launch.py", "stage=trajectories", *_data(args)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
