@@ -8,6 +8,8 @@ is one of:
     ultrachat, sharegpt@/data/sharegpt.json            a conversation preset (conversations.PRESETS)
     conversations@/data/chats.jsonl                    any chat file or cached datasets repo, layout detected
     conversations@HuggingFaceH4/ultrachat_200k         (columns renamed through ``data.fields``)
+    self-chat                                          requests the verifier writes (data.prompt_sources only:
+                                                       stage=trajectories samples them, pipelines/common/self_chat.py)
 
     records = load_source("conversations@/data/chats.jsonl", limit=1000, fields={"prompt": "instruction"})
     text = prompt_for(records[0], tokenizer, chat_template=True)
@@ -25,13 +27,14 @@ from typing import Any
 
 from .benchmarks import BenchmarkError, benchmark_names, load_benchmark, parse_source, prompt_text
 from .conversations import PRESETS, as_messages, load_conversations, render_prompt
+from .self_chat import SELF_CHAT
 
 CONVERSATIONS = "conversations"  # conversations@<file or hub id>
 
 
 def source_names() -> list[str]:
-    """Every name a source may start with."""
-    return [*benchmark_names(), *PRESETS, CONVERSATIONS]
+    """Every name a source may start with (``self-chat`` only in ``data.prompt_sources``)."""
+    return [*benchmark_names(), *PRESETS, CONVERSATIONS, SELF_CHAT]
 
 
 def load_source(
@@ -49,6 +52,11 @@ def load_source(
         return load_conversations(path, fields=dict(fields or {}) or None, limit=limit)
     if name in PRESETS:
         return load_conversations(source, limit=limit)
+    if name == SELF_CHAT:
+        raise BenchmarkError(
+            f"{SELF_CHAT} is written by the verifier while stage=trajectories samples (an entry of "
+            "data.prompt_sources); it is no evaluation set: name a benchmark or a prompt file here"
+        )
     if name not in benchmark_names():
         raise BenchmarkError(
             f"unknown prompt source {name!r}; benchmarks: {', '.join(benchmark_names())}; conversation sets: "

@@ -43,6 +43,7 @@ from streakline.artifacts import StageRun, config_hash
 from streakline.config import ConfigError
 from streakline.data.benchmarks import bad_lines, parse_source
 from streakline.data.features import FeatureMeta, check_features, feature_bytes, feature_name, write_features
+from streakline.data.self_chat import SELF_CHAT
 from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (
     ShardMeta,
@@ -55,7 +56,9 @@ from streakline.data.trajectories import (
 )
 
 from .common.lookup import data_seed, trajectories_key
+from .common.prompts import evaluation_sources
 from .common.roles import device, required_tokenizer, role_eos, role_tokenizer
+from .common.self_chat import self_chat_records
 from .runner import Stage, StageResult
 
 FAULT_WORKER_EXIT = "STREAKLINE_FAULT_WORKER_EXIT"
@@ -233,6 +236,11 @@ def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
             limits[i] += 1
     records = []
     for source, limit in zip(sources, limits, strict=True):
+        if parse_source(source)[0] == SELF_CHAT:  # written by the verifier, cached by content (common/self_chat.py)
+            evaluation = evaluation_sources(cfg)
+            got = self_chat_records(cfg, limit, build=lambda: build_verifier(cfg), evaluation=evaluation)
+            records.extend(got)
+            continue
         with bad_lines(cfg.data.skip_bad_lines):  # malformed lines refused, named, or (skip_bad_lines) left out
             got = load_source(source, limit=limit, fields=cfg.data.fields)
         if limit is not None and len(got) < limit:
@@ -242,18 +250,6 @@ def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
     if not records:
         raise ConfigError("the prompt sources gave no prompts; check data.prompt_sources")
     return records
-
-
-def evaluation_sources(cfg: DictConfig) -> dict[str, int]:
-    """``{source: prompts read}`` of every evaluation set the drafter trained on these trajectories is measured
-    on: ``stage=evaluate``'s benchmarks (its settings as this config gives them) and distill's held-out sources."""
-    from streakline.config.validate import stage_settings_node
-
-    evaluate = stage_settings_node("evaluate", cfg.get("settings", {}).get("evaluate", {}))
-    out = dict.fromkeys(evaluate.benchmarks, evaluate.prompts)
-    for source in cfg.trainer.eval_sources:
-        out[source] = max(out.get(source, 0), cfg.trainer.eval_prompts)
-    return out
 
 
 def check_overlap(cfg: DictConfig, records: list[dict]) -> None:

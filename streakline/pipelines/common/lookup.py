@@ -33,6 +33,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import complete_runs, config_hash, manifest_or_none, run_path
+from streakline.data.benchmarks import parse_source
+from streakline.data.self_chat import SELF_CHAT
 from streakline.models import CheckpointError
 
 from .fingerprints import role_parts, source_files, target_identity, target_overrides, weights_parts
@@ -72,6 +74,13 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     precision = sampling_precision(cfg)
     if precision != "fp32":  # what the rows were sampled in; fp32, what every run before the setting used, is unsaid
         key["precision"] = precision
+    if any(parse_source(s)[0] == SELF_CHAT for s in cfg.data.prompt_sources):
+        # the verifier's own requests: the verifier, seed and precision above pin them, with how they are written
+        # and which evaluation prompts they keep out (common/self_chat.py)
+        from .prompts import evaluation_sources
+        from .self_chat import RECIPE
+
+        key["self_chat"] = {"recipe": RECIPE, "excluded": dict(sorted(evaluation_sources(cfg).items()))}
     # what the names do not pin (fingerprints.py): nothing for a preset, the world's folders and built-in sources
     return {**key, **role_parts(cfg, "verifier"), **_files(cfg, cfg.data.prompt_sources)}
 

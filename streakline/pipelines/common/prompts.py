@@ -90,3 +90,15 @@ def evaluation_inputs(cfg, methods) -> tuple[dict[str, dict[str, list[list[int]]
             prompts[fam] = benchmark_prompts(tok, cfg.stage.benchmarks, cfg.stage.prompts, cfg.data.chat_template)
             eos[role] = role_eos(cfg, role, tok, single=role == "target")
     return prompts, eos
+
+
+def evaluation_sources(cfg) -> dict[str, int]:
+    """``{source: prompts read}`` of every evaluation set the drafter trained on these trajectories is measured
+    on: ``stage=evaluate``'s benchmarks (its settings as this config gives them) and distill's held-out sources."""
+    from streakline.config.validate import stage_settings_node
+
+    evaluate = stage_settings_node("evaluate", cfg.get("settings", {}).get("evaluate", {}))
+    out = dict.fromkeys(evaluate.benchmarks, evaluate.prompts)
+    for source in cfg.trainer.eval_sources:
+        out[source] = max(out.get(source, 0), cfg.trainer.eval_prompts)
+    return out
