@@ -33,7 +33,7 @@ RECIPE = 1
 MAX_NEW_TOKENS = 64
 TEMPERATURE, TOP_P = 1.0, 0.95
 ROUND_MIN = 64  # candidates sampled per round at least (the batch the engine fills)
-ROUND_MAX = 4096  # and at most: a round's state is written before the next
+ROUND_MAX = 512  # and at most: the progress bar moves and the state is written after each round
 TRIES_PER_REQUEST = 20  # candidates judged per request asked for, at most, before the source says it ran dry
 
 
