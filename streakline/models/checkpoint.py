@@ -332,6 +332,17 @@ def hf_config(cfg: TransformerConfig, family: str, dtype: torch.dtype) -> dict:
     return raw
 
 
+def save_weights(state: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, then the mode an ordinary new file gets (0666 less the umask): safetensors
+    writes its files 0600, which a serving container running as another user cannot read."""
+    from safetensors.torch import save_file
+
+    save_file(state, path, metadata=metadata)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def _temp_folder(folder: Path) -> Path:
     """A fresh folder beside ``folder`` to write an export into before it is swapped into place: a plain ``mkdir``
     (the team can read it; mkdtemp's 0700 would hide every export), named as ``artifacts.sweep_temp_files`` expects,
@@ -357,8 +368,6 @@ def save_pretrained(
     """Write ``model`` as a Hugging Face checkpoint folder, atomically (a half-written export never replaces a
     good one). ``as_family`` writes another family's layout with the same weights (e.g. dream -> qwen2);
     ``max_shard_bytes`` splits the weights into shards with an index; ``tokenizer`` is saved beside them."""
-    from safetensors.torch import save_file
-
     cfg = model.config
     family = as_family or cfg.family
     names = weight_names(cfg, family)
@@ -371,9 +380,9 @@ def save_pretrained(
     try:
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg, family, dtype), indent=2) + "\n")
         if max_shard_bytes is None:
-            save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+            save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
         else:
-            _save_sharded(state, tmp, _greedy_shards(state, max_shard_bytes), save_file)
+            _save_sharded(state, tmp, _greedy_shards(state, max_shard_bytes))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _swap_into_place(tmp, folder)
@@ -400,13 +409,13 @@ def _greedy_shards(state: dict[str, torch.Tensor], max_bytes: int) -> dict[str, 
     return {name: f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i, g in enumerate(groups) for name in g}
 
 
-def _save_sharded(state: dict[str, torch.Tensor], folder: Path, plan: dict[str, str], save_file) -> None:
+def _save_sharded(state: dict[str, torch.Tensor], folder: Path, plan: dict[str, str]) -> None:
     """Write ``state`` as the shard files ``plan`` (tensor name -> file name) names, plus the index."""
     files: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in state.items():
         files.setdefault(plan[name], {})[name] = t
     for fname, shard in files.items():
-        save_file(shard, folder / fname, metadata={"format": "pt"})
+        save_weights(shard, folder / fname, metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": {name: plan[name] for name in state}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")

@@ -33,7 +33,15 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import _LAYER_NAMES, _QK_NORM_NAMES, CheckpointError, _read_safetensors, _swap_into_place, _temp_folder
+from .checkpoint import (
+    _LAYER_NAMES,
+    _QK_NORM_NAMES,
+    CheckpointError,
+    _read_safetensors,
+    _swap_into_place,
+    _temp_folder,
+    save_weights,
+)
 from .config import TransformerConfig
 from .dflash import DFlashConfig, DFlashModel
 from .meta import on_meta
@@ -125,8 +133,6 @@ def save_dflash(
 ) -> Path:
     """Write ``model`` as a ``speculators`` DFlash checkpoint, atomically (a half-written export never replaces a
     good one). ``verifier_name``: the verifier's hub id or path, which ``vllm serve <folder>`` loads as the target."""
-    from safetensors.torch import save_file
-
     cfg = model.dflash
     if not (verifier_name or cfg.verifier):
         raise ValueError(
@@ -141,7 +147,7 @@ def save_dflash(
     tmp = _temp_folder(folder)
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
         _swap_into_place(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,6 +25,7 @@ from .checkpoint import (
     _temp_folder,
     load_state,
     read_config,
+    save_weights,
     weight_names,
 )
 from .config import SHAPE_FIELDS
@@ -54,8 +55,6 @@ def export_like(
     files). ``tokenizer`` is saved only when ``source`` has none, or when it encodes differently from the source's
     (a token was added). ``provenance`` goes to ``streakline.json`` beside the weights. ``transformers`` then loads
     the export exactly as it loads ``source`` (``trust_remote_code`` and all)."""
-    from safetensors.torch import save_file
-
     source, folder = Path(source).absolute(), Path(folder).absolute()
     if folder.resolve() == source.resolve() or source.resolve() in folder.resolve().parents:
         raise CheckpointError(
@@ -98,9 +97,9 @@ def export_like(
         _copy_non_weights(source, tmp)
         (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
         if plan is None:
-            save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})
+            save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
         else:
-            _save_sharded(state, tmp, plan, save_file)
+            _save_sharded(state, tmp, plan)
         if tokenizer is not None and not _has_same_tokenizer(source, tokenizer):
             tokenizer.save_pretrained(tmp)
         record = {

@@ -252,7 +252,7 @@ def load_gguf_reference(path: Path, layers: int | None = None):
 
 
 def _import_gguf(cfg: DictConfig, role: str, run: StageRun, progress: bool) -> dict[str, Any]:
-    from safetensors.torch import save_file
+    from streakline.models.checkpoint import save_weights
 
     path = gguf_path(cfg, role)
     if progress:
@@ -266,7 +266,7 @@ def _import_gguf(cfg: DictConfig, role: str, run: StageRun, progress: bool) -> d
         (Path(tmp) / "config.json").write_text(json.dumps(raw))
         state = {k: v.contiguous() for k, v in reference.state_dict().items() if k != "lm_head.weight" or not
                  raw.get("tie_word_embeddings")}  # fmt: skip
-        save_file(state, Path(tmp) / "model.safetensors")
+        save_weights(state, Path(tmp) / "model.safetensors")
         model = load_pretrained(tmp, family="llama", dtype=torch.float32)
     model.config.bos_token_id = tokenizer.bos_token_id
     save_pretrained(model, run.dir / "model", tokenizer=tokenizer)

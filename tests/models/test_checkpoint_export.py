@@ -219,6 +219,27 @@ def test_an_export_is_readable_by_the_team_as_a_plain_folder_would_be(tmp_path):
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755  # not mkdtemp's 0700
 
 
+@pytest.mark.parametrize("writer", ["save_pretrained", "sharded", "export_like"])
+def test_weight_files_are_ordinary_files_a_server_of_another_user_can_read(tmp_path, writer):
+    """safetensors writes 0600; an export's weights get the mode any new file gets (0644 under umask 022)."""
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        if writer == "export_like":
+            source = _source(tmp_path / "src")
+            folder = export_like(_trained(source), tmp_path / "out", source)
+        else:
+            model = Transformer(tiny_config("qwen2")).init_weights(seed=0)
+            folder = save_pretrained(model, tmp_path / "out", max_shard_bytes=4096 if writer == "sharded" else None)
+    finally:
+        os.umask(umask)
+    weights = sorted(folder.glob("*.safetensors"))
+    assert weights and (len(weights) > 1) == (writer != "save_pretrained")
+    assert {stat.S_IMODE(f.stat().st_mode) for f in weights} == {0o644}
+
+
 def test_what_a_killed_export_leaves_is_swept_when_its_stage_starts_again(tmp_path):
     from streakline.artifacts import sweep_temp_files
     from streakline.models import Transformer, save_pretrained

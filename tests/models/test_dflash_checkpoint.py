@@ -123,6 +123,19 @@ def test_save_load_round_trip_is_exact(tmp_path):
     assert torch.equal(_packed_logits(loaded, verifier), _packed_logits(drafter, verifier))
 
 
+def test_the_weights_are_an_ordinary_file(tmp_path):
+    """Not safetensors' 0600: a serving container running as another user reads the export."""
+    import os
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        folder = save_dflash(_drafter(), tmp_path / "dflash")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o644
+
+
 def test_dtype_is_kept_or_converted(tmp_path):
     folder = save_dflash(_drafter().to(torch.bfloat16), tmp_path / "bf16")
     assert _config(folder)["dtype"] == "bfloat16"
