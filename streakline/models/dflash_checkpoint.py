@@ -142,17 +142,42 @@ def save_dflash(
     params = model.state_dict()
     state = {theirs: params[ours].detach().contiguous().cpu() for ours, theirs in weight_names(cfg).items()}
     dtype = state["fc.weight"].dtype
-    config = speculators_config(cfg, dtype, verifier_name or cfg.verifier, verifier_architecture)
+    name = verifier_name or cfg.verifier
+    config = speculators_config(cfg, dtype, name, verifier_architecture)
     folder = Path(folder).absolute()
     tmp = _temp_folder(folder)
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
+        if _local_path(name):
+            (tmp / MOVING_NOTE).write_text(_moving_note(name))
         _swap_into_place(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+MOVING_NOTE = "README.md"  # written beside an export whose verifier is named by a local path
+
+
+def _local_path(name: str) -> bool:
+    """Whether a verifier name is a path on this machine rather than a hub id (``org/model``)."""
+    return Path(name).is_absolute() or name.startswith((".", "~")) or Path(name).exists()
+
+
+def _moving_note(name: str) -> str:
+    return (
+        "# A DFlash drafter in the speculators format\n\n"
+        f"Its verifier is named by a path on the machine that trained it: `{name}`.\n"
+        "`vllm serve` and `speculators` load the verifier (and its embedding and head) from "
+        "`speculators_config.verifier.name_or_path` in `config.json`. Where that path does not exist (a copy of this "
+        "folder on a cluster), set it to the verifier's hub id or its path there, e.g.:\n\n"
+        "    python -c \"import json, sys; p = 'config.json'; c = json.load(open(p)); "
+        "c['speculators_config']['verifier']['name_or_path'] = sys.argv[1]; "
+        "json.dump(c, open(p, 'w'), indent=2)\" HuggingFaceTB/SmolLM2-135M-Instruct\n\n"
+        "(the hub id shown is an example: name the model this drafter was trained against).\n"
+    )
 
 
 def is_dflash_folder(folder: str | os.PathLike) -> bool:

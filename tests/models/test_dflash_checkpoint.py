@@ -6,6 +6,8 @@ network; the comparison with the ``speculators`` package itself is ``tests/model
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from streakline.models import Transformer, TransformerConfig, save_pretrained
 from streakline.models.checkpoint import CheckpointError
 from streakline.models.dflash import DFlashConfig, DFlashModel, packed_blocks
 from streakline.models.dflash_checkpoint import (
+    MOVING_NOTE,
     SPECULATORS_VERSION,
     is_dflash_folder,
     load_dflash,
@@ -134,6 +137,23 @@ def test_the_weights_are_an_ordinary_file(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE((folder / "model.safetensors").stat().st_mode) == 0o644
+
+
+def test_a_verifier_named_by_a_local_path_says_how_to_rename_it(tmp_path):
+    """A hub id travels with the folder; a local path does not, so the export says how to set another."""
+    hub = save_dflash(_drafter(), tmp_path / "hub", verifier_name="Qwen/Qwen3-8B")
+    assert not (hub / MOVING_NOTE).exists()
+    verifier_folder = tmp_path / "verifier"
+    verifier_folder.mkdir()
+    local = save_dflash(_drafter(), tmp_path / "local", verifier_name=str(verifier_folder))
+    note = (local / MOVING_NOTE).read_text()
+    assert str(verifier_folder) in note and "speculators_config" in note and "name_or_path" in note
+    # the command it gives works: pasted into the export folder, it names the new verifier
+    command = next(line.strip() for line in note.splitlines() if line.strip().startswith("python -c"))
+    subprocess.run(command.replace("python", sys.executable, 1), shell=True, cwd=local, check=True)
+    config = json.loads((local / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert load_dflash(local).dflash.verifier == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def test_dtype_is_kept_or_converted(tmp_path):
