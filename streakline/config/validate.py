@@ -9,6 +9,7 @@ is a :class:`ConfigError` whose message names the full key, the bad value and wh
 runs; tests call them on every composed preset (``pytest tests/config``).
 """
 
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -350,8 +351,12 @@ def _data(cfg: DictConfig) -> None:
                 f"data.mix_weights has {len(data.mix_weights)} entries but data.prompt_sources has "
                 f"{len(data.prompt_sources)}; give one weight per source, or [] for uniform"
             )
-        if min(data.mix_weights) < 0 or sum(data.mix_weights) <= 0:
-            raise ConfigError(f"data.mix_weights={list(data.mix_weights)} must be >= 0 with a positive sum")
+        finite = all(math.isfinite(w) for w in data.mix_weights)
+        if not finite or min(data.mix_weights) < 0 or sum(data.mix_weights) <= 0:
+            raise ConfigError(
+                f"data.mix_weights={list(data.mix_weights)} must be finite numbers >= 0 with a positive sum, "
+                "e.g. data.mix_weights=[0.5,0.5]"
+            )
     _at_least(cfg, "data.samples_per_prompt", 1)
     _at_least(cfg, "data.max_prompts", 1, optional=True)
     _choice(cfg, "data.backend", TRAJECTORY_BACKENDS)

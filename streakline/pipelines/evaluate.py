@@ -25,6 +25,7 @@ are printed and logged to W&B (offline without an API key).
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,12 @@ class Evaluate(Stage):
     def check(self, cfg: DictConfig) -> None:
         if not cfg.stage.benchmarks or not cfg.stage.temperatures:
             raise ConfigError("stage.benchmarks and stage.temperatures must not be empty")
+        bad = [T for T in cfg.stage.temperatures if not (math.isfinite(T) and T >= 0)]
+        if bad:  # refused before any row decodes: a run half done under a bad grid would end in a failed manifest
+            raise ConfigError(
+                f"stage.temperatures={list(cfg.stage.temperatures)} holds {bad}: a verifier temperature is >= 0 "
+                "(0: greedy), e.g. stage.temperatures=[0.0,1.0]"
+            )
         if not 0 < cfg.stage.degenerate_share <= 1:
             raise ConfigError(
                 f"stage.degenerate_share={cfg.stage.degenerate_share} must be in (0, 1]: the share of one token in the "

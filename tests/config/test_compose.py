@@ -224,6 +224,8 @@ def test_model_presets_pair_the_expected_roles():
         (["experiment.stages=[bootstrap,nope]"], "choose from: doctor, bootstrap"),
         (["stage=pipeline"], "experiment=tiny_e2e"),
         (["data.mix_weights=[1.0]"], "one weight per source"),
+        (["data.mix_weights=[nan,1.0]"], "must be finite numbers >= 0"),
+        (["data.mix_weights=[inf,1.0]"], "must be finite numbers >= 0"),
         (["method.name=???"], "method.name is required"),
     ],
 )

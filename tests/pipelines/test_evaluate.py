@@ -4,6 +4,7 @@ Run: ``python -m pytest tests/pipelines/test_evaluate.py``."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,14 @@ def test_a_benchmark_from_a_local_file_and_a_bad_one(micro_world, tmp_path):
     assert tok.decode(got["gsm8k"][1]).startswith("Sam has 1 apples. How many?")
     with pytest.raises(ConfigError, match="benchmark 'mmlu': unknown prompt source 'mmlu'"):
         benchmark_prompts(tok, ["mmlu"], 2, chat_template=False)
+
+
+@pytest.mark.parametrize("grid", ["[0.0,-1.0]", "[nan]"])
+def test_a_bad_temperature_is_refused_before_any_row_decodes(micro_world, grid):
+    from streakline.config import ConfigError
+
+    root = micro_world[0]
+    before = sorted(p for p in Path(root).rglob("*") if p.is_dir())
+    with pytest.raises(ConfigError, match="a verifier temperature is >= 0"):
+        run_stage(_cfg(root, f"stage.temperatures={grid}", "experiment.name=bad-temperature"))
+    assert sorted(p for p in Path(root).rglob("*") if p.is_dir()) == before  # nothing made, nothing decoded
