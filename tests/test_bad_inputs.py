@@ -112,7 +112,7 @@ CASES = [
     case("tokenizer larger than the model", [*DECODE, "model.verifier.tokenizer={bad}/tok_385"],
          "has 385 tokens but model.verifier", "embedding rows"),
     case("drafter tokenizer differs from the trajectories'", ["stage=distill", *DATA,
-         "model.drafter.tokenizer={bad}/tok_other"], "the drafter's tokenizer is", "regenerate them"),
+         "model.drafter.tokenizer={bad}/tok_other"], "the drafter's tokenizer is", "shares the verifier's tokenizer"),
     # ------------------------------------------------------------------ data files
     case("empty prompt file", ["stage=trajectories", *FILES, "data.prompt_sources=[gsm8k@{bad}/empty.jsonl]"],
          "empty.jsonl has no records", "one JSON object per line"),

@@ -67,6 +67,11 @@ class TrajectoryError(UserError, ValueError):
     """A trajectory shard or its rows are unusable; the message says what to do about it."""
 
 
+class TokenizerMismatchError(TrajectoryError):
+    """Good trajectories in another tokenizer than the drafter's: making them again cannot help (the verifier's
+    tokenizer makes them), so the fix is a pair of models that share one."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardMeta:
     """What one shard holds and how it was made; stored inside the shard's parquet file."""
@@ -393,9 +398,11 @@ def _validated(source: Any, tokenizer_hash: str | None) -> tuple[list[Path], lis
             "rerun stage=trajectories to finish them"
         )
     if tokenizer_hash is not None and tokenizer_hash != first.tokenizer_hash:
-        raise TrajectoryError(
+        raise TokenizerMismatchError(
             f"these trajectories were made by verifier {first.verifier} with tokenizer {first.tokenizer_hash}; "
-            f"the drafter's tokenizer is {tokenizer_hash}; regenerate them with this verifier or pick matching models"
+            f"the drafter's tokenizer is {tokenizer_hash}. Sampling them again would not help (the verifier's "
+            "tokenizer makes them): train a drafter that shares the verifier's tokenizer (model.drafter=..., or "
+            "model.drafter.tokenizer=<the verifier's tokenizer folder>)"
         )
     ordered = [by_index[i] for i in range(first.num_shards)]
     common = dataclasses.replace(first, shard=0, rows=sum(m.rows for m in metas))

@@ -33,6 +33,11 @@ class PositionLimitError(UserError, ValueError):
     so the output would be silently wrong rather than an error."""
 
 
+# the setting a too-long decode is fixed with, as the command that decodes names it: stage=decode reads the decoder
+# group's; stage=evaluate (evaluation/suite.py) re-raises with its own stage.max_new_tokens
+NEW_TOKENS_KNOB = "decoder.max_new_tokens"
+
+
 def check_positions(model: Transformer, prompt_len: int, extra: int, role: str, what: str = "max_new_tokens") -> None:
     """Raise PositionLimitError when ``prompt_len`` prompt tokens plus ``extra`` more positions fed to ``model`` exceed
     its ``max_position_embeddings``. ``extra`` counts what is fed, not what is produced: a decode of N new tokens
@@ -43,7 +48,7 @@ def check_positions(model: Transformer, prompt_len: int, extra: int, role: str, 
         raise PositionLimitError(
             f"a prompt of {prompt_len} tokens plus {extra} more positions ({what}) needs {prompt_len + extra} "
             f"positions, beyond the {role}'s max_position_embeddings={limit}; shorten the prompt or lower "
-            "decoder.max_new_tokens (and decoder.gamma)"
+            f"{NEW_TOKENS_KNOB} (and decoder.gamma)"
         )
 
 

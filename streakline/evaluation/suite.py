@@ -32,6 +32,7 @@ from streakline.decoding.registry import (
     decoder_family,
     speculative_setup,
 )
+from streakline.decoding.vanilla import NEW_TOKENS_KNOB, PositionLimitError
 
 from .lossless import exact_check, sampled_check
 from .methods import DECODER_OVERRIDES, EvalMethod
@@ -80,7 +81,10 @@ class EvalWorker:
                 if isinstance(method.artifact, dict) and str(float(temperature)) not in method.artifact:
                     continue  # no artifact for this temperature (discovery said why)
                 decode = self._block if fam == "block" else self._speculative
-                run, settings = decode(method, prompts, float(temperature))
+                try:
+                    run, settings = decode(method, prompts, float(temperature))
+                except PositionLimitError as e:  # evaluate's own setting, not stage=decode's
+                    raise PositionLimitError(str(e).replace(NEW_TOKENS_KNOB, "stage.max_new_tokens")) from e
                 row = {
                     "method": method.name,
                     "decoder": method.decoder,

@@ -347,13 +347,15 @@ def _decode_hint(cfg: DictConfig) -> dict[str, str]:
 def _trajectories(cfg: DictConfig, tokenizer, stored_teacher: bool):
     """The trajectories of ``stage=trajectories`` with the same verifier and data settings, refused with the fix
     when missing, incomplete, from another tokenizer, or without the teacher log-probs the method reads."""
-    from streakline.data.trajectories import TrajectoryError, load_trajectories
+    from streakline.data.trajectories import TokenizerMismatchError, TrajectoryError, load_trajectories
     from streakline.models.tokenizer import tokenizer_hash
 
     try:
         dataset = load_trajectories(
             trajectories_dir(cfg), tokenizer_hash=tokenizer_hash(tokenizer) if tokenizer else None
         )
+    except TokenizerMismatchError as e:  # the models disagree: no stage=trajectories run fixes that
+        raise ConfigError(str(e)) from e
     except TrajectoryError as e:
         raise ConfigError(f"{e}\n(the trajectories for these settings are made by: python launch.py "
                           f"stage=trajectories with the same model and data options)") from e  # fmt: skip

@@ -124,3 +124,15 @@ def test_a_bad_temperature_is_refused_before_any_row_decodes(micro_world, grid):
     with pytest.raises(ConfigError, match="a verifier temperature is >= 0"):
         run_stage(_cfg(root, f"stage.temperatures={grid}", "experiment.name=bad-temperature"))
     assert sorted(p for p in Path(root).rglob("*") if p.is_dir()) == before  # nothing made, nothing decoded
+
+
+def test_a_decode_past_the_verifiers_positions_names_evaluates_own_setting(micro_world):
+    """The decoder's position check says what to lower; under stage=evaluate that is stage.max_new_tokens, which
+    evaluate reads, not decoder.max_new_tokens, which stage=decode reads."""
+    from streakline.decoding.vanilla import PositionLimitError
+
+    cfg = _cfg(micro_world[0], METHODS, "stage.max_new_tokens=5000", "stage.temperatures=[0.0]",
+               "experiment.name=too-long")  # fmt: skip
+    with pytest.raises(PositionLimitError, match=r"lower stage\.max_new_tokens") as info:
+        run_stage(cfg)
+    assert "decoder.max_new_tokens" not in str(info.value)
