@@ -6,7 +6,8 @@
     python launch.py --help                             # groups and their options
 
 Input the user can fix (any ``streakline.errors.UserError``) ends the run with one line on stderr and exit status 2;
-``debug=true`` (or ``STREAKLINE_DEBUG=1``) shows its traceback too.
+``debug=true`` (or ``STREAKLINE_DEBUG=1``) shows its traceback too. SIGTERM ends a stage with one line (what was kept,
+how to go on) and status 143.
 
 Order of work: check and rewrite the overrides (unknown keys exit with status 2 before Hydra starts), compose with
 Hydra from the repository's ``conf/``, merge onto the schema, validate, make paths absolute, then hand the config to
@@ -80,8 +81,18 @@ def _app(cfg: DictConfig) -> None:
     # Only the entry point may import pipelines/ (docs/design.md, Layout).
     from streakline.pipelines import run_stage
 
+    _trap_sigterm()
     try:
         run_stage(cfg)
+    except Terminated:
+        # a scheduler's preemption or a plain kill: the stage's finally blocks ran; what it finished stays on disk
+        print(
+            f"streakline: stage={cfg.stage.name} stopped by SIGTERM; what it finished (shards, checkpoints, "
+            f"exports) is kept under {cfg.run_root}: run the same command again to go on from there",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(TERMINATED)
     except UserError as err:
         # input the user can fix (a bad combination of settings, a missing checkpoint): a message, not a traceback
         _fail_with(err)
@@ -91,6 +102,27 @@ def _app(cfg: DictConfig) -> None:
         # a full disk met by a write that does not say so itself (DeepSpeed's checkpoint, a library's save)
         where = err.filename or cfg.run_root
         _fail_with(disk_full_error(where, err, folder=not err.filename))
+
+
+TERMINATED = 128 + 15  # the shell's status for a SIGTERM'd process, which schedulers read as "stopped"
+
+
+class Terminated(BaseException):
+    """Raised where a stage is when SIGTERM arrives, so its ``finally`` blocks and locks unwind as for any error; a
+    BaseException, so that no stage's ``except Exception`` takes it for its own."""
+
+
+def _trap_sigterm() -> None:
+    """SIGTERM becomes ``Terminated`` (main thread only: Python delivers signals there). stage=distill puts its own
+    handler in place while it trains (it saves a checkpoint first) and puts this one back after."""
+    import signal
+    import threading
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def _submitted(hydra_cfg) -> bool:

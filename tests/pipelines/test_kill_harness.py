@@ -133,3 +133,34 @@ def test_a_stage_killed_mid_write_finishes_on_rerun_with_the_same_outputs(root, 
         assert done.metrics["heldout"] == reference.metrics["heldout"]
     else:
         assert Path(done.artifact).read_text() == Path(reference.artifact).read_text()
+
+
+def test_a_sigterm_says_what_was_kept_and_the_rerun_goes_on(root, tmp_path):
+    """SIGTERM (a scheduler stopping the job) mid trajectories: one line naming what was kept and how to go on,
+    status 143, and the rerun samples only the shard that was not finished."""
+    import subprocess
+    import sys
+    import time
+
+    from streakline.faults import STALL_AT, STALL_UNTIL
+
+    args = _overrides(root, "sigterm", "trajectories")
+    env = dict(os.environ, **{STALL_AT: "atomic:shard-00001-of-00002.parquet", STALL_UNTIL: str(tmp_path / "never")})
+    proc = subprocess.Popen([sys.executable, "launch.py", *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    seen = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # shard 0 is on disk once the process stalls writing shard 1
+        line = proc.stderr.readline()
+        seen.append(line)
+        if "stalled at" in line or not line:  # (after the progress bar's carriage returns, on its line)
+            break
+    assert "stalled at" in seen[-1], "".join(seen)[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 143, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("streakline: ")]
+    assert len(said) == 1, err[-3000:]  # one line (a progress bar the exit closes may follow it)
+    assert "stage=trajectories stopped by SIGTERM" in said[0] and "run the same command again" in said[0]
+    assert "Traceback" not in err
+    done = run_stage(compose_config(args))
+    assert done.details["generated_shards"] == [1] and len(load_trajectories(done.artifact)) == 12
