@@ -18,14 +18,13 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from streakline.artifacts import config_hash, run_path
+from streakline.artifacts import config_hash, run_path, write_json_atomic, write_text_atomic
 from streakline.config import ConfigError
 
 # Bump when what a config produces changes (prefix, sampling, filter): an old list must not be read as a new one.
@@ -71,12 +70,6 @@ def candidate_seed(seed: int, index: int) -> int:
     same in whichever round (and batch) it is sampled."""
     digest = hashlib.sha256(f"{seed}:self-chat:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _excluded_hashes(evaluation: dict[str, int]) -> set[str]:
@@ -165,8 +158,8 @@ def self_chat_records(
         else:
             state["judged"] = first + count
         state["dropped"] = dict(sorted(dropped.items()))
-        _write(requests_path, "".join(json.dumps(r) + "\n" for r in kept))
-        _write(state_path, json.dumps({**state, "kept": len(kept)}, indent=1))
+        write_text_atomic(requests_path, "".join(json.dumps(r) + "\n" for r in kept))
+        write_json_atomic(state_path, {**state, "kept": len(kept)})
     bar.close()
     if len(kept) < n:
         print(
