@@ -344,6 +344,7 @@ def run_metadata(strategy, engine, windows, cfg, params: dict[str, int] | None =
     ``windows_per_example`` windows each), ZeRO stage, precision, parameter counts, the dataset's examples, windows
     and tokens (prompt + completion, every trajectory) and the git commit."""
     from streakline.artifacts import git_sha
+    from streakline.models.precision import precision_name
 
     world = strategy.world_size
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun sets it; a plain process is a node of one
@@ -360,7 +361,7 @@ def run_metadata(strategy, engine, windows, cfg, params: dict[str, int] | None =
         "windows_per_example": windows.windows_per_seq,
         "zero_stage": cfg.zero_stage,
         "precision": cfg.precision,
-        "autocast": {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(getattr(strategy, "autocast", None), "off"),
+        "autocast": "off" if getattr(strategy, "autocast", None) is None else precision_name(strategy.autocast),
         "params_trainable": params["trainable"],
         "params_frozen": params["frozen"],
         "params_teacher": params["teacher"],

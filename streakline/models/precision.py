@@ -124,6 +124,14 @@ def torch_dtype(precision: str) -> torch.dtype:
     return DTYPES[precision]
 
 
+NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """``fp32``, ``bf16`` or ``fp16``: how run keys, the run metadata and the doctor name a dtype."""
+    return NAMES[dtype]
+
+
 def model_dtype(setting: str, preset_dtype: str, device: str | torch.device = "cpu") -> torch.dtype:
     """The dtype a frozen model of a preset whose own ``dtype`` is ``preset_dtype`` runs in under ``setting``: the
     resolved precision, except that ``auto`` never raises a preset's half-precision dtype to fp32 (a 70B preset in

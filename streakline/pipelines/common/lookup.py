@@ -88,12 +88,13 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
 def sampling_precision(cfg: DictConfig) -> str:
     """The precision stage=trajectories samples the verifier in here (``models.precision``; a bf16 or fp16 preset
     stays in its own dtype): ``fp32``, ``bf16`` or ``fp16``."""
-    from streakline.models.precision import model_dtype
+    from streakline.models.precision import model_dtype, precision_name
 
     from .roles import device
 
-    dtype = model_dtype(cfg.get("precision", "auto"), str(cfg.model.verifier.get("dtype") or "float32"), device())
-    return {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}[str(dtype)]
+    return precision_name(
+        model_dtype(cfg.get("precision", "auto"), str(cfg.model.verifier.get("dtype") or "float32"), device())
+    )
 
 
 def training_autocast(cfg: DictConfig) -> torch.dtype | None:
@@ -111,8 +112,10 @@ def training_autocast(cfg: DictConfig) -> torch.dtype | None:
 def autocast_part(cfg: DictConfig) -> dict[str, str]:
     """``{"autocast": "bf16"}`` for a run key when distill autocasts, else ``{}``: runs trained in fp32, as every
     run before the setting was, keep their folders."""
+    from streakline.models.precision import precision_name
+
     dtype = training_autocast(cfg)
-    return {} if dtype is None else {"autocast": {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]}
+    return {} if dtype is None else {"autocast": precision_name(dtype)}
 
 
 def data_seed(cfg: DictConfig) -> int:
