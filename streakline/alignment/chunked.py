@@ -139,8 +139,14 @@ def logsumexp_chunked(
     _check_numerics(temperature, chunk)
     dtype = _gemm_dtype(hidden)
     hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
-    lse = torch.full((hidden.shape[0],), -math.inf, device=hidden.device)
-    for start, end in _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device):
+    return _logsumexp(hs, w, dtype, _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device))
+
+
+def _logsumexp(hs: Tensor, w: Tensor, dtype: torch.dtype, ranges: list[tuple[int, int]]) -> Tensor:
+    """``[M]`` fp32 log-normalisers of ``hs @ w.T`` (``hs`` already scaled by 1/T, both as ``_gemm_input`` and
+    ``_weight_in`` give them), one vocabulary range at a time."""
+    lse = torch.full((hs.shape[0],), -math.inf, device=hs.device)
+    for start, end in ranges:
         lse = torch.logaddexp(lse, _mm(hs, w[start:end].T, dtype).logsumexp(-1))
     return lse
 
@@ -277,9 +283,9 @@ class _ChunkedDivergence(torch.autograd.Function):
         dtype = _gemm_dtype(hidden)
         hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
         fn = DIVERGENCES[name]
-        lse_q = logsumexp_chunked(hidden, weight, temperature=temperature, chunk=chunk)
-        lse_p = torch.full_like(lse_q, -math.inf)
         ranges = _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device)
+        lse_q = _logsumexp(hs, w, dtype, ranges)  # the inputs cast once, for the normaliser and the terms alike
+        lse_p = torch.full_like(lse_q, -math.inf)
         for start, end in ranges:
             lse_p = torch.logaddexp(lse_p, teacher[:, start:end].float().logsumexp(-1))
         div, b_total, label = torch.zeros_like(lse_q), torch.zeros_like(lse_q), torch.zeros_like(lse_q)
