@@ -15,7 +15,10 @@ Record fields (``RECORD_FIELDS`` is the schema; tests check every record has the
   ``REFERENCE`` map, which ``streakline.decoding.registry`` defines and this module re-exports),
   ``tokens_per_verifier_call``, ``accepted_per_cycle`` (mean accepted streak), ``alpha`` (per-position acceptance),
   ``nfe``, ``nfe_per_token``, ``forward_reduction`` (the reference's NFE per token over this one's);
-- ``lossless`` and ``lossless_check`` (see ``lossless.py``), ``wall_s``;
+- ``precision``: what the verifier (for ``block``, the target) ran in, ``fp32``, ``bf16`` or ``fp16``;
+- ``lossless`` and ``lossless_check`` (see ``lossless.py``), ``divergence_rate`` (the share of prompts whose
+  temperature-0 output left the reference's: 0 when lossless in fp32, near-ties only when lossless in bf16; None
+  for sampled rows, whose check is statistical), ``wall_s``;
 - ``reference_top_share``, ``reference_top_token``: how much of the reference decoder's temperature-0 output on that
   benchmark is its single most frequent token (None in records from before the field); ``degenerate``: that share
   is above ``stage.degenerate_share`` (default ``DEGENERATE_SHARE``): the verifier repeats one token there, so every
@@ -63,8 +66,10 @@ RECORD_FIELDS = (
     "nfe",
     "nfe_per_token",
     "forward_reduction",
+    "precision",
     "lossless",
     "lossless_check",
+    "divergence_rate",
     "wall_s",
 )
 
@@ -170,6 +175,16 @@ def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
     return "n/a" if x is None else f"{x:{spec}}{suffix}"
 
 
+def lossless_cell(r: dict) -> str:
+    """What a row's lossless column says: ``yes`` (identical to the reference, or the sampled test passed), ``yes,
+    k/n near-ties`` (bf16: k of n prompts left the reference at a near-tie of the verifier's top two logits, and
+    nowhere else), or ``NO``."""
+    if not r["lossless"]:
+        return "NO"
+    ties = (r.get("lossless_check") or {}).get("near_ties")
+    return f"yes, {ties}/{r['prompts']} near-ties" if ties else "yes"
+
+
 def _speedup_cell(r: dict) -> str:
     return f"{_fmt(r['speedup'], '.2f', 'x')} / {_fmt(r['accepted_per_cycle'])}" + ("" if r["lossless"] else " (LOSSY)")
 
@@ -223,7 +238,8 @@ def markdown(records: list[dict], meta: dict) -> str:
         f"{meta.get('prompts', '?')} prompts per benchmark, {meta.get('max_new_tokens', '?')} new tokens. "
         "Speedup is tokens/s over vanilla (or static) measured in the same run; streak is the mean number of "
         "accepted draft tokens per verification. Lossless: identical tokens at T=0 (and for every block decoder), "
-        "a paired test of verifier log-probs when sampling.",
+        "a paired test of verifier log-probs when sampling; with the verifier in bf16, a T=0 output may leave "
+        "vanilla's only where the verifier's top two logits tie within bf16 rounding (counted as near-ties).",
         "",
     ]
     for family, title, cell in (
@@ -264,7 +280,7 @@ def markdown(records: list[dict], meta: dict) -> str:
                 tau = r["settings"].get("drafter_temperature")
                 cells = [r["method"], r["benchmark"], f"{r['temperature']:g}",
                          *([_fmt(tau, "g") if tau is not None else ""] if drafted else []), f"{r['tokens_per_s']:.1f}",
-                         _fmt(r["tokens_per_verifier_call"]), "yes" if r["lossless"] else "NO"]  # fmt: skip
+                         _fmt(r["tokens_per_verifier_call"]), lossless_cell(r)]  # fmt: skip
                 lines.append("| " + " | ".join(cells) + " |")
             lines.append("")
             if drafted:

@@ -132,3 +132,16 @@ def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[in
         lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
         out.append(float(lp.mean()))
     return out
+
+
+@torch.no_grad()
+def tie_gap(model, reference, prompt: list[int], prefix: list[int], token: int, other: int) -> dict[str, float]:
+    """How near a tie the choice between ``token`` and ``other`` after ``prompt + prefix`` is (``lossless.
+    tie_check``): ``gap``, the fp32 ``reference``'s logit of ``token`` minus that of ``other``, and ``eps``, the
+    largest difference over the vocabulary between ``model``'s logits (the run's precision) and the reference's
+    there. ``reference`` is the same verifier in fp32."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + prefix], device=device)
+    run = model(ids, logits_to_keep=1)[0, -1].float()
+    exact = reference(ids.to(next(reference.parameters()).device), logits_to_keep=1)[0, -1].float().to(run.device)
+    return {"gap": float(exact[token] - exact[other]), "eps": float((run - exact).abs().max())}

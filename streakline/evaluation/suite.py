@@ -10,6 +10,7 @@ actors with ``launcher=ray`` (one :class:`EvalWorker` each, models built once pe
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,10 @@ from streakline.decoding.registry import (
 )
 from streakline.decoding.vanilla import NEW_TOKENS_KNOB, PositionLimitError
 
-from .lossless import exact_check, sampled_check
+from .lossless import exact_check, sampled_check, tie_check
 from .methods import DECODER_OVERRIDES, EvalMethod
 from .results import DEGENERATE_SHARE, finalize
-from .runner import run_block, run_speculative, sequence_logprobs
+from .runner import run_block, run_speculative, sequence_logprobs, tie_gap
 
 family = decoder_family  # "block" (the block-diffusion target's decoders) or "speculative" (the verifier's)
 
@@ -56,16 +57,36 @@ class EvalWorker:
         self.eos = {role: job["eos"].get(role) for role in ("verifier", "target")}
         self._trained: dict[str | None, dict[str, float | None]] = {}
 
-    def model(self, role: str, path: str | None = None):
+    def model(self, role: str, path: str | None = None, dtype: torch.dtype | None = None):
+        """The model of ``role`` (at ``path`` if given), built once. The verifier and the drafter run in the
+        precision ``precision`` resolves to here (``common.lookup.frozen_dtype``); the block-diffusion target stays
+        in its preset's dtype, so the block decoders' exact check holds as before. ``dtype`` overrides (the fp32
+        reference of ``tie_gap``)."""
         from streakline.models import build
+        from streakline.pipelines.common.lookup import frozen_dtype
 
-        key = f"{role}:{path}"
+        if dtype is None and role in ("verifier", "drafter"):
+            dtype = frozen_dtype(self.cfg, role)
+        key = f"{role}:{path}:{dtype}"
         if key not in self._models:
             preset = self.cfg.model[role]
             if path is not None:
                 preset = OmegaConf.merge(preset, {"path": path})
-            self._models[key] = build(preset, role, device=self.device, inference=True)
+            self._models[key] = build(preset, role, device=self.device, inference=True, dtype=dtype)
         return self._models[key]
+
+    def precision(self) -> str:
+        """The verifier's precision in this run: ``fp32``, ``bf16`` or ``fp16``."""
+        from streakline.pipelines.common.lookup import frozen_precision
+
+        return frozen_precision(self.cfg, "verifier")
+
+    def tie_gap(self, benchmark: str, index: int, prefix: list[int], token: int, other: int) -> dict[str, float]:
+        """``runner.tie_gap`` at prompt ``index`` of ``benchmark`` plus ``prefix``, against the verifier in fp32
+        (built on first use: only a run in reduced precision whose output diverged needs it)."""
+        prompt = self.prompts["speculative"][benchmark][index]
+        reference = self.model("verifier", dtype=torch.float32)
+        return tie_gap(self.model("verifier"), reference, prompt, prefix, token, other)
 
     def run(self, index: int) -> list[dict[str, Any]]:
         method = self.methods[index]
@@ -94,6 +115,7 @@ class EvalWorker:
                     "benchmark": bench,
                     "temperature": float(temperature),
                     "settings": settings,
+                    "precision": self.precision() if fam == "speculative" else self._target_precision(),
                     "prompts": len(prompts),
                     "tokens": run.tokens,
                     **run.metrics,
@@ -102,6 +124,11 @@ class EvalWorker:
                     row["logprobs"] = sequence_logprobs(self.model("verifier"), prompts, run.tokens)
                 out.append(row)
         return out
+
+    def _target_precision(self) -> str:
+        from streakline.models.precision import precision_name
+
+        return precision_name(next(self.model("target").parameters()).dtype)
 
     def _pick(self, method: EvalMethod) -> dict[str, Any]:
         return {k: method.override(k, self.cfg.decoder.get(k)) for k in DECODER_OVERRIDES}
@@ -209,23 +236,32 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def check_lossless(rows: list[dict]) -> None:
-    """Attach ``lossless`` / ``lossless_check`` to every row, against its family's reference decoder: token for
-    token at temperature 0 (and for every block decoder), a statistical test of the sequences' verifier log-probs
-    for sampled speculative rows."""
+def check_lossless(rows: list[dict], gap: Any = None) -> None:
+    """Attach ``lossless``, ``lossless_check`` and ``divergence_rate`` to every row, against its family's reference
+    decoder: token for token at temperature 0 (and for every block decoder), a statistical test of the sequences'
+    verifier log-probs for sampled speculative rows. A temperature-0 speculative row whose verifier ran in reduced
+    precision is checked with ``tie_check`` when ``gap`` is given (``EvalWorker.tie_gap``'s signature): a
+    divergence at a bf16 near-tie is reported, not called lossy (``lossless.py``)."""
     refs = {(r["decoder"], r["benchmark"], r["temperature"]): r for r in rows if r["decoder"] in REFERENCE_DECODERS}
     for r in rows:
         if r["decoder"] in REFERENCE_DECODERS:
             r.update(lossless=True, lossless_check={"lossless": True, "check": "reference decoder"})
+            r["divergence_rate"] = 0.0
             continue
         ref_name = r["settings"].get("rule") if r["family"] == "block" else REFERENCE["speculative"]
         ref = refs.get((ref_name, r["benchmark"], r["temperature"]))
         if ref is None:
             r.update(lossless=False, lossless_check={"lossless": False, "check": f"no {ref_name} reference run"})
+            r["divergence_rate"] = None
             continue
         sampled = r["family"] == "speculative" and r["temperature"] > 0
-        check = sampled_check(r["logprobs"], ref["logprobs"]) if sampled else exact_check(r["tokens"], ref["tokens"])
-        r.update(lossless=check["lossless"], lossless_check=check)
+        if sampled:
+            check = sampled_check(r["logprobs"], ref["logprobs"])
+        elif r["family"] == "speculative" and r["precision"] != "fp32" and gap is not None:
+            check = tie_check(r["tokens"], ref["tokens"], functools.partial(gap, r["benchmark"]))
+        else:
+            check = exact_check(r["tokens"], ref["tokens"])
+        r.update(lossless=check["lossless"], lossless_check=check, divergence_rate=check.get("divergence_rate"))
 
 
 def mark_reference_diversity(rows: list[dict], threshold: float = DEGENERATE_SHARE) -> None:
@@ -267,13 +303,21 @@ def evaluate_methods(cfg: DictConfig, methods: list[EvalMethod], prompts: dict, 
     ev = cfg.stage
     print(f"evaluate: {len(methods)} methods x {len(ev.benchmarks)} benchmarks x {len(ev.temperatures)} temperatures")
     job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
-    rows = _evaluate_all(cfg, job, methods)
-    check_lossless(rows)
+    rows, worker = _evaluate_all(cfg, job, methods)
+    local: list[EvalWorker] = [worker] if worker is not None else []
+
+    def gap(bench: str, i: int, prefix: list[int], a: int, b: int) -> dict[str, float]:
+        if not local:  # the methods ran on Ray: the near-ties are weighed here, with models of this process
+            local.append(EvalWorker(job))
+        return local[0].tie_gap(bench, i, prefix, a, b)
+
+    check_lossless(rows, gap)
     mark_reference_diversity(rows, float(ev.get("degenerate_share", DEGENERATE_SHARE)))
     return finalize([{k: v for k, v in r.items() if k not in ("tokens", "logprobs")} for r in rows])
 
 
-def _evaluate_all(cfg: DictConfig, job: dict, methods: list[EvalMethod]) -> list[dict]:
+def _evaluate_all(cfg: DictConfig, job: dict, methods: list[EvalMethod]) -> tuple[list[dict], EvalWorker | None]:
+    """Every method's rows, and the in-process worker that ran them (None when they ran on Ray)."""
     rows: list[dict] = []
     if cfg.launcher.name == "ray" and len(methods) > 1:
         from streakline.launch.ray_pool import run_on_ray
@@ -290,8 +334,8 @@ def _evaluate_all(cfg: DictConfig, job: dict, methods: list[EvalMethod]) -> list
         )
         for i in range(len(methods)):
             rows.extend(results[i])
-        return rows
+        return rows, None
     worker = EvalWorker(job)
     for i in tqdm(range(len(methods)), desc="evaluate", unit="method", dynamic_ncols=True):
         rows.extend(worker.run(i))
-    return rows
+    return rows, worker

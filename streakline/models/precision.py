@@ -36,7 +36,15 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 # (``training_autocast``, unless trainer.autocast=off): the drafter's and the verifier's forwards and backwards
 # under autocast, the weights, the optimizer and the loss reductions in fp32; a bf16 trainer.precision is
 # DeepSpeed's own and wins.
-STAGE_PRECISION = {"trajectories": ("verifier",), "distill": ("drafter (autocast over fp32 weights)", "verifier")}
+# stage=evaluate and stage=decode run the verifier and the drafter in it (a block-diffusion target stays in its preset's
+# dtype: the block decoders' check is exact); a T=0 row in bf16 may leave vanilla's output only at a near-tie of the
+# verifier's top two logits (evaluation/lossless.py).
+STAGE_PRECISION = {
+    "trajectories": ("verifier",),
+    "distill": ("drafter (autocast over fp32 weights)", "verifier"),
+    "evaluate": ("verifier", "drafter"),
+    "decode": ("verifier", "drafter"),
+}
 
 
 class PrecisionError(UserError, ValueError):

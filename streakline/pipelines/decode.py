@@ -11,9 +11,10 @@ A verifier whose tokenizer has a chat template (``model=smol``, instruct checkpo
 turn through it, as ``stage=evaluate`` renders prompts; ``data.chat_template=false`` sends the text as typed.
 ``prompt_ids`` are always sent as given. The tiny world is built first if it is not cached (the runner attaches it).
 Decoders that read a stage artifact (``spot``, ``spiffy``) find it with ``common.lookup`` unless ``decoder.artifact``
-names one. The last line printed is
-a JSON object with ``token_ids`` (the generated ids), ``text`` and the metrics (``tokens_per_verifier_call``,
-``nfe``, ``tokens_per_s``, ``alpha``, ...; docs/decoding.md defines them), so scripts can read it with ``tail -n 1``.
+names one. The last line printed is a JSON object with ``precision`` (what the verifier ran in: ``precision=auto``
+picks bf16 where the hardware multiplies it natively, ``precision=fp32`` forces fp32), ``token_ids`` (the generated
+ids), ``text`` and the metrics (``tokens_per_verifier_call``, ``nfe``, ``tokens_per_s``, ``alpha``, ...;
+docs/decoding.md defines them), so scripts can read it with ``tail -n 1``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from streakline.decoding.registry import BLOCK, BLOCK_DRAFTED, block_decode_conf
 from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import left_pad
 from streakline.models import build
+from streakline.models.precision import precision_name
 
-from .common.lookup import locate_block_artifact, precheck_block_artifact
+from .common.lookup import frozen_dtype, locate_block_artifact, precheck_block_artifact
 from .common.prompts import encode, template_applied, unescape
 from .common.roles import bridge_tokenizers, device, role_eos, role_tokenizer
 from .runner import Stage, StageResult
@@ -66,7 +68,10 @@ class Decode(Stage):
             # an instruction-tuned verifier (model=smol) answers a user turn, as evaluate renders its prompts
             text_prompt = render_prompt([{"role": "user", "content": text_prompt}], tokenizer)
         prompt = list(cfg.prompt_ids) if cfg.prompt_ids is not None else encode(tokenizer, text_prompt)
-        main = build(cfg.model[main_role], main_role, device=where, inference=True)
+        # the verifier in the precision the hardware runs natively (common.lookup.frozen_dtype); a block target as
+        # its preset says, as stage=evaluate runs it
+        dtype = None if block else frozen_dtype(cfg, main_role)
+        main = build(cfg.model[main_role], main_role, device=where, inference=True, dtype=dtype)
         if max(prompt) >= main.config.vocab_size:
             raise ConfigError(
                 f"prompt_ids has id {max(prompt)}, but the {main_role}'s vocabulary has {main.config.vocab_size}"
@@ -77,7 +82,8 @@ class Decode(Stage):
         else:
             tokens, metrics = _decode_speculative(cfg, main, prompt, eos, tokenizer, where)
         text = tokenizer.decode(tokens) if tokenizer is not None else ""
-        line = {"decoder": name, "token_ids": tokens, "text": text, **metrics}
+        line = {"decoder": name, "precision": precision_name(next(main.parameters()).dtype), "token_ids": tokens,
+                "text": text, **metrics}  # fmt: skip
         return StageResult(self.name, metrics=metrics, details={"line": line, "prompt": text_prompt or ""})
 
     def report(self, result: StageResult) -> None:
@@ -115,7 +121,10 @@ def _decode_speculative(cfg: DictConfig, verifier, prompt, eos, tokenizer, where
     """vanilla, or ar_draft / diffusion_draft / dflash_draft with the preset's drafter (bridged when its tokenizer
     differs; a DFlash drafter is shared with the verifier instead)."""
     name = cfg.decoder.name
-    drafter_model = None if name == "vanilla" else build(cfg.model.drafter, "drafter", device=where, inference=True)
+    drafter_model = None
+    if name != "vanilla":
+        dtype = frozen_dtype(cfg, "drafter")
+        drafter_model = build(cfg.model.drafter, "drafter", device=where, inference=True, dtype=dtype)
     try:
         spec, drafter = speculative_setup(
             cfg.decoder, drafter_model, gamma_default=cfg.model.drafter.gamma, eos_token_id=eos, seed=cfg.seed,

@@ -192,13 +192,13 @@ def format_report(report: dict[str, Any], model: str) -> str:
         lines.append(f"  {'setting':<18} precision={precision['setting']} -> {precision['resolved']}")
         for stage, use in precision["stages"].items():
             lines.append(f"  {stage:<18} {', '.join(use['roles'])} in {use['precision']}")
+            if stage == "distill":  # what distill's line follows
+                trainer = f"trainer.precision={precision['trainer']} trainer.autocast={precision['autocast']}"
+                lines.append(f"  {'':<18} the trainer: {trainer}")
         if not precision["native_bf16"] and precision["setting"] == "auto":
             lines.append(
                 f"  {'':<18} fp32 kept: bf16 would be emulated here (slower than fp32); precision=bf16 forces it"
             )
-        lines.append(
-            f"  {'':<18} the trainer: trainer.precision={precision['trainer']} trainer.autocast={precision['autocast']}"
-        )
     lines.append(f"roles (model={model})")
     for role, info in report["roles"].items():
         lines.append(

@@ -42,7 +42,7 @@ from streakline.evaluation.suite import evaluate_methods
 
 from .common.fingerprints import roles_parts
 from .common.kinds import DRAFTER_KINDS, DrafterKind, drafter_kind, preset_rows
-from .common.lookup import distill_checkpoints, distill_runs, locate_block_artifact, stage_settings
+from .common.lookup import distill_checkpoints, distill_runs, frozen_precision, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
@@ -83,6 +83,7 @@ class Evaluate(Stage):
             "decoder": _decoder_key(cfg.decoder),
             "models": {r: cfg.model[r].get("path") for r in ("verifier", "drafter", "target") if r in cfg.model},
             **model_content(cfg),
+            **precision_part(cfg),
         }
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
@@ -125,6 +126,13 @@ class Evaluate(Stage):
 
 
 STAGE = Evaluate()
+
+
+def precision_part(cfg: DictConfig) -> dict[str, str]:
+    """``{"precision": "bf16"}`` when the verifier runs in reduced precision here (``common.lookup.frozen_precision``):
+    its rows differ from fp32 rows in speed and may hold near-ties. Nothing for fp32, so older keys did not move."""
+    precision = frozen_precision(cfg, "verifier")
+    return {} if precision == "fp32" else {"precision": precision}
 
 
 def model_content(cfg: DictConfig) -> dict[str, Any]:

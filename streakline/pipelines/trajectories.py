@@ -55,7 +55,7 @@ from streakline.data.trajectories import (
     write_shard,
 )
 
-from .common.lookup import data_seed, trajectories_key
+from .common.lookup import data_seed, frozen_dtype, trajectories_key
 from .common.prompts import evaluation_sources
 from .common.roles import device, required_tokenizer, role_eos, role_tokenizer
 from .common.self_chat import self_chat_records
@@ -333,11 +333,8 @@ def build_verifier(cfg: DictConfig):
     """The verifier for sampling, in the precision ``cfg.precision`` resolves to on this device (``models/
     precision.py``: bf16 where the hardware multiplies it natively, unless ``precision=fp32``)."""
     from streakline.models import build
-    from streakline.models.precision import model_dtype
 
-    dev = device()
-    dtype = model_dtype(cfg.precision, str(cfg.model.verifier.get("dtype") or "float32"), dev)
-    return build(cfg.model.verifier, "verifier", device=dev, inference=True, dtype=dtype)
+    return build(cfg.model.verifier, "verifier", device=device(), inference=True, dtype=frozen_dtype(cfg))
 
 
 def _meta(cfg: DictConfig, key: dict, shard: int, n_shards: int, rows: int) -> ShardMeta:

@@ -136,3 +136,23 @@ def test_a_decode_past_the_verifiers_positions_names_evaluates_own_setting(micro
     with pytest.raises(PositionLimitError, match=r"lower stage\.max_new_tokens") as info:
         run_stage(cfg)
     assert "decoder.max_new_tokens" not in str(info.value)
+
+
+def test_each_row_says_its_precision_and_the_check_it_passed(micro_world):
+    """``precision=fp32`` keeps the token-for-token check; ``precision=bf16`` runs the verifier and the drafter in
+    bf16, in a folder of its own, and holds T=0 rows to the near-tie check (evaluation/lossless.py). The block target
+    stays in its preset's dtype either way."""
+    methods = "stage.methods=[{name: ar_draft, decoder: ar_draft}, {name: static, decoder: static}]"
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        cfg = _cfg(micro_world[0], methods, "stage.temperatures=[0.0]", "stage.benchmarks=[tiny-math]",
+                   "experiment.name=precision", f"precision={precision}")  # fmt: skip
+        runs[precision] = run_stage(cfg)
+        records = {r["method"]: r for r in json.loads(open(runs[precision].artifact).read())["records"]}
+        assert records["vanilla"]["precision"] == records["ar_draft"]["precision"] == precision
+        assert records["static"]["precision"] == "fp32"  # the micro target's preset dtype
+        check = records["ar_draft"]["lossless_check"]
+        assert records["ar_draft"]["lossless"] and records["ar_draft"]["divergence_rate"] == check["divergence_rate"]
+        assert ("near-ties" in check["check"]) == (precision == "bf16"), check
+        assert records["static"]["lossless_check"]["check"] == "reference decoder"
+    assert runs["fp32"].folder != runs["bf16"].folder

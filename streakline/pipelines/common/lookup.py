@@ -85,16 +85,26 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     return {**key, **role_parts(cfg, "verifier"), **_files(cfg, cfg.data.prompt_sources)}
 
 
-def sampling_precision(cfg: DictConfig) -> str:
-    """The precision stage=trajectories samples the verifier in here (``models.precision``; a bf16 or fp16 preset
-    stays in its own dtype): ``fp32``, ``bf16`` or ``fp16``."""
-    from streakline.models.precision import model_dtype, precision_name
+def frozen_dtype(cfg: DictConfig, role: str = "verifier") -> torch.dtype:
+    """The dtype a frozen ``role`` (one that samples or scores, never trains) runs in here: ``models.precision.
+    model_dtype`` of the top-level ``precision`` on this device (bf16 where the hardware multiplies it natively; a
+    bf16 or fp16 preset stays in its own dtype). stage=trajectories samples the verifier in it, stage=evaluate and
+    stage=decode run the verifier and the drafter in it."""
+    from streakline.models.precision import model_dtype
 
     from .roles import device
 
-    return precision_name(
-        model_dtype(cfg.get("precision", "auto"), str(cfg.model.verifier.get("dtype") or "float32"), device())
-    )
+    return model_dtype(cfg.get("precision", "auto"), str(cfg.model[role].get("dtype") or "float32"), device())
+
+
+def frozen_precision(cfg: DictConfig, role: str = "verifier") -> str:
+    """:func:`frozen_dtype` by name: ``fp32``, ``bf16`` or ``fp16`` (as run keys and records spell it)."""
+    from streakline.models.precision import precision_name
+
+    return precision_name(frozen_dtype(cfg, role))
+
+
+sampling_precision = frozen_precision  # the precision stage=trajectories samples the verifier in
 
 
 def training_autocast(cfg: DictConfig) -> torch.dtype | None:
