@@ -15,6 +15,10 @@ per cycle:
   rest        accept + commit (the rule, the host read, cache crop, the states the drafter reads next) / step
   cycle       everything but the prefill / step: what one cycle must out-earn in accepted tokens
 
+``--draft-vocab N ...`` adds, per precision, the draft cost of the same drafter over a draft vocabulary of N tokens
+(``models/draft_vocab.py``: a head of N rows instead of 49,152; which N tokens does not change the cost, so the N
+lowest ids stand in for a measured vocabulary) against the whole head, side by side on the same prompts.
+
 ``--profile`` adds, per precision, torch's profiler over one verify window and one drafter forward at the prompt's
 end: the ops where the time goes, GEMMs (``aten::mm``, ``aten::linear``, ``aten::addmm``, ``aten::bmm``) apart from
 the rest. Timings are medians over prompts, prompt-major (each precision's vanilla and drafter rows on prompt 0,
@@ -22,6 +26,7 @@ then prompt 1, ...) after one warm-up. Not a test: nothing is asserted. Run it a
 
     python bench/step_costs.py                       # 4 HumanEval prompts x 64 tokens, fp32 and bf16: ~2 min
     python bench/step_costs.py --prompts 8 --profile --json out.json
+    python bench/step_costs.py --precisions bf16 --draft-vocab 32768 16384 8192
 """
 
 from __future__ import annotations
@@ -52,6 +57,18 @@ def _models(args, dtype: torch.dtype):
     verifier = build(cfg.model.verifier, "verifier", inference=True, dtype=dtype)
     drafter = build(cfg.model.drafter, "drafter", inference=True, dtype=dtype).share(verifier)
     return cfg, verifier, drafter
+
+
+def _reduced(drafter, n: int):
+    """A copy of ``drafter`` drafting over the ``n`` lowest target ids (its head: those rows of the verifier's)."""
+    import copy
+
+    from streakline.models.draft_vocab import DraftVocab
+
+    small = copy.copy(drafter)  # the layers shared, only the head differs
+    small._modules = dict(drafter._modules)
+    small.dflash = copy.copy(drafter.dflash)
+    return small.use_vocab(DraftVocab(torch.arange(n), drafter.config.vocab_size))
 
 
 def _phases(res) -> dict[str, float]:
@@ -88,6 +105,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--draft-vocab", nargs="*", type=int, default=[], help="draft vocabulary sizes to cost")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -102,6 +120,7 @@ def main() -> None:
     spec = SpecConfig(max_new_tokens=args.new, gamma=GAMMA, eos_token_id=EOS)
 
     rows: dict[str, dict[str, list[dict]]] = {p: {"vanilla": [], "dflash": []} for p in args.precisions}
+    reduced = {p: {n: _reduced(drafter, n) for n in args.draft_vocab} for p, (_, _, drafter) in models.items()}
     with torch.no_grad():
         for _, verifier, drafter in models.values():  # warm-up
             generate(verifier, [prompts[0]], spec)
@@ -110,6 +129,9 @@ def main() -> None:
             for p, (_, verifier, drafter) in models.items():
                 rows[p]["vanilla"].append(_phases(generate(verifier, [prompt], spec)))
                 rows[p]["dflash"].append(_phases(generate(verifier, [prompt], spec, drafter=DFlashDrafter(drafter))))
+                for n, small in reduced[p].items():
+                    res = generate(verifier, [prompt], spec, drafter=DFlashDrafter(small))
+                    rows[p].setdefault(f"dflash@{n}", []).append(_phases(res))
 
     lengths = [len(x) for x in prompts]
     print(f"\nSmolLM2-135M-Instruct + smol-dflash (untrained), gamma {GAMMA}, {len(prompts)} HumanEval prompts of "
@@ -137,6 +159,14 @@ def main() -> None:
         print(f"   {p:<10}{costs['step_ms']:>9.1f}{costs['verify']:>9.2f}{costs['draft']:>8.2f}{costs['rest']:>8.2f}"
               f"{costs['cycle']:>8.2f}{costs['tokens_per_cycle']:>9.2f}   {goals}")  # fmt: skip
         summary[p] = costs
+    for p in args.precisions if args.draft_vocab else ():
+        step = statistics.median(x["verify"] for x in rows[p]["vanilla"])
+        full = statistics.median(x["draft"] for x in rows[p]["dflash"]) / step
+        cells = [f"N={n}: {statistics.median(x['draft'] for x in rows[p][f'dflash@{n}']) / step:.3f}"
+                 for n in args.draft_vocab]  # fmt: skip
+        print(f"   {p} draft / step over a draft vocabulary: full {full:.3f}; " + "; ".join(cells))
+        summary[p]["draft_vocab"] = {n: statistics.median(x["draft"] for x in rows[p][f"dflash@{n}"]) / step
+                                     for n in args.draft_vocab}  # fmt: skip
     if args.profile:
         for p, (_, verifier, drafter) in models.items():
             with torch.no_grad():

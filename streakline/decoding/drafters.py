@@ -277,6 +277,7 @@ class DFlashDrafter(_CachedDrafter):
         self.model.add_context(features, self.cache, feature_valid)
         block = block_inputs(new_ids[:, -1], gamma + 1, self.model.dflash.mask_token_id)
         logits = self.model.draft(block, self.cache)[:, 1:]  # slot 0 holds the pending token itself
+        logits = self.model.target_logits(logits)  # a draft vocabulary's N columns over the whole vocabulary
         q = draft_distribution(_restrict(logits, self.allowed), self.temperature, self.top_k)
         tokens = sample_chains(q, K, generator, argmax_first=not iid)
         return Proposal(tokens=tokens, q=q, forwards=1)

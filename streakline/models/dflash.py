@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from .config import TransformerConfig
+from .draft_vocab import DraftVocab
 from .kv_cache import KVCache
 from .masks import build_mask, default_positions
 from .transformer import Block, RMSNorm, fuse_blocks, init_weights, rotary_tables
@@ -57,6 +58,8 @@ class DFlashConfig:
     mask_token_id: int
     target_hidden_size: int | None = None  # None: the drafter's hidden size
     verifier: str | None = None  # the verifier's name or path, recorded in exports
+    # N < V: the drafter predicts over N target tokens with a head of its own (``use_vocab``; ``draft_vocab.py``)
+    draft_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
@@ -68,6 +71,12 @@ class DFlashConfig:
             )
         if self.target_hidden_size is None:
             self.target_hidden_size = self.layers.hidden_size
+        if self.draft_vocab_size == self.layers.vocab_size:
+            self.draft_vocab_size = None  # the whole vocabulary: the verifier's own head
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size < self.layers.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} must lie in 1 .. {self.layers.vocab_size} (the vocabulary)"
+            )
 
     @property
     def feature_size(self) -> int:
@@ -100,6 +109,12 @@ class DFlashModel(nn.Module):
         self.norm = RMSNorm(h, cfg.layers.rms_norm_eps)
         self.layer_devices = None  # never placed across devices: a few layers
         self._shared: tuple[nn.Embedding, torch.Tensor] | None = None
+        # A draft vocabulary (cfg.draft_vocab_size): its own head of N rows, frozen, and the target ids of its rows
+        # (not a parameter: ``dflash_checkpoint`` stores them as speculators' t2d/d2t maps).
+        self.draft_vocab: DraftVocab | None = None
+        self.lm_head: nn.Linear | None = None
+        if cfg.draft_vocab_size is not None:
+            self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False).requires_grad_(False)
 
     # -------------------------------------------------------------------------------------------- sharing
     def share(self, verifier) -> DFlashModel:
@@ -121,6 +136,39 @@ class DFlashModel(nn.Module):
             raise ValueError(f"the DFlash drafter reads verifier layers {bad}; the verifier has {v.num_layers} layers")
         self._shared = (verifier.embed, verifier.output_weight)
         return self
+
+    def use_vocab(self, vocab: DraftVocab | None, head: torch.Tensor | None = None) -> DFlashModel:
+        """Draft over ``vocab``'s N target tokens (None: the whole vocabulary, the verifier's head again). The head
+        is ``head`` ``[N, H]`` when given (a checkpoint's), else the shared verifier head's rows ``vocab.ids``
+        (``share`` first). Tokens outside ``vocab`` get no logit: ``logits`` has N columns, ``target_logits``
+        gives them back over the whole vocabulary with -inf elsewhere, so they are never drafted."""
+        if vocab is None:
+            self.draft_vocab, self.lm_head, self.dflash.draft_vocab_size = None, None, None
+            return self
+        if vocab.vocab_size != self.config.vocab_size:
+            V = self.config.vocab_size
+            raise ValueError(f"a draft vocabulary over {vocab.vocab_size} tokens for a drafter of {V}")
+        rows = vocab.head(self.output_weight) if head is None else head
+        if tuple(rows.shape) != (vocab.size, self.config.hidden_size):
+            want = (vocab.size, self.config.hidden_size)
+            raise ValueError(f"a draft head of shape {tuple(rows.shape)}; expected {want}")
+        ref = self.fc.weight
+        self.lm_head = nn.Linear(self.config.hidden_size, vocab.size, bias=False, device=ref.device, dtype=ref.dtype)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(rows)
+        self.lm_head.requires_grad_(False)  # the verifier's rows: frozen, as the whole head is
+        self.draft_vocab, self.dflash.draft_vocab_size = vocab, vocab.size
+        return self
+
+    def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``[..., N]`` of a drafter with a draft vocabulary over the whole vocabulary ``[..., V]``: -inf
+        at every token outside it (probability 0: never drafted, which every acceptance rule handles losslessly).
+        The identity without one."""
+        if self.draft_vocab is None:
+            return logits
+        ids = self.draft_vocab.ids.to(logits.device).expand(*logits.shape[:-1], -1)
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.scatter_(-1, ids, logits)
 
     @property
     def embed(self) -> nn.Embedding:
@@ -149,7 +197,9 @@ class DFlashModel(nn.Module):
         return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.output_weight)
+        """``[..., V]`` over the verifier's head, or ``[..., N]`` over a draft vocabulary's (``use_vocab``)."""
+        weight = self.output_weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)
 
     def _rotary(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_tables(pos, self.config.head_dim, self.config.rope_theta, dtype)

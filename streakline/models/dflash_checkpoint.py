@@ -20,8 +20,9 @@ The authors' layout (``z-lab/*-DFlash*``): the same weight names, ``config.json`
 layer shapes at the top level, ``block_size`` and ``dflash_config: {mask_token_id, target_layer_ids}`` whose ids are
 one lower (id ``i`` = the output of layer ``i``); ``load_dflash`` reads both.
 
-A drafter trained on a reduced draft vocabulary (``t2d``/``d2t`` in the weights) is refused: a DFlash drafter here
-drafts with the verifier's whole head.
+A drafter over a draft vocabulary (``models/draft_vocab.py``) carries it as ``speculators`` does: ``draft_vocab_size``
+N in ``config.json``, and in the weights ``lm_head.weight`` (its N-row head), ``t2d`` (``[V]`` bool) and ``d2t``
+(``[N]`` offsets). A full-vocabulary drafter stores none of them and drafts with the verifier's head.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .checkpoint import (
 )
 from .config import TransformerConfig
 from .dflash import DFlashConfig, DFlashModel
+from .draft_vocab import DraftVocab, DraftVocabError
 from .meta import on_meta
 
 SPECULATORS_VERSION = "0.9.0"  # the release whose format this writes (and whose model the interop test loads)
@@ -62,6 +64,8 @@ def weight_names(cfg: DFlashConfig) -> dict[str, str]:
     for i in range(cfg.layers.num_layers):
         for ours, theirs in per_layer.items():
             names[f"layers.{i}.{ours}"] = f"layers.{i}.{theirs}"
+    if cfg.draft_vocab_size is not None:  # a draft vocabulary's own head (the full one is the verifier's)
+        names["lm_head.weight"] = "lm_head.weight"
     return names
 
 
@@ -78,7 +82,7 @@ def speculators_config(
         "aux_hidden_state_layer_ids": list(cfg.target_layer_ids),
         "block_size": cfg.block_size,
         "mask_token_id": cfg.mask_token_id,
-        "draft_vocab_size": layers.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size or layers.vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "sliding_window_non_causal": False,
         "sample_from_anchor": False,
@@ -141,6 +145,8 @@ def save_dflash(
         )
     params = model.state_dict()
     state = {theirs: params[ours].detach().contiguous().cpu() for ours, theirs in weight_names(cfg).items()}
+    if model.draft_vocab is not None:
+        state["t2d"], state["d2t"] = model.draft_vocab.maps()
     dtype = state["fc.weight"].dtype
     name = verifier_name or cfg.verifier
     config = speculators_config(cfg, dtype, name, verifier_architecture)
@@ -204,11 +210,7 @@ def read_dflash_config(folder: str | os.PathLike) -> DFlashConfig:
         ids = raw.get("aux_hidden_state_layer_ids")
         verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         target_hidden = raw.get("target_hidden_size")
-        if layer.get("vocab_size") is not None and raw.get("draft_vocab_size") not in (None, layer["vocab_size"]):
-            raise CheckpointError(
-                f"{folder} drafts over a reduced vocabulary ({raw['draft_vocab_size']} of {layer['vocab_size']} "
-                "tokens); streakline drafts with the verifier's whole head: use a full-vocabulary DFlash drafter"
-            )
+        draft_vocab = raw.get("draft_vocab_size")
     elif "dflash_config" in raw:  # the authors' format: the layer config at the top level, ids one lower
         layer = raw
         ids = [int(i) + 1 for i in raw["dflash_config"].get("target_layer_ids", [])]
@@ -218,7 +220,7 @@ def read_dflash_config(folder: str | os.PathLike) -> DFlashConfig:
                 f"{folder} reads the verifier's last layer after the final norm (target layer id "
                 f"{raw['num_target_layers'] - 1}), which streakline's layer states do not provide"
             )
-        verifier, target_hidden = None, None
+        verifier, target_hidden, draft_vocab = None, None, None
         raw = {**raw, "mask_token_id": raw["dflash_config"].get("mask_token_id"),
                "block_size": raw.get("block_size", raw["dflash_config"].get("block_size"))}  # fmt: skip
     else:
@@ -264,6 +266,7 @@ def read_dflash_config(folder: str | os.PathLike) -> DFlashConfig:
         mask_token_id=int(raw["mask_token_id"]),
         target_hidden_size=target_hidden,
         verifier=verifier,
+        draft_vocab_size=None if draft_vocab is None else int(draft_vocab),
     )
 
 
@@ -313,17 +316,15 @@ def load_dflash(
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(_read_safetensors(f))
-    if "t2d" in state or "d2t" in state:
-        raise CheckpointError(
-            f"{folder} maps a reduced draft vocabulary (t2d/d2t); streakline drafts with the verifier's whole head"
-        )
+    vocab = _draft_vocab(folder, cfg, state)
     with on_meta():  # shapes only: every parameter is the checkpoint's (strict load below), so no random init
         model = DFlashModel(cfg)
     names = weight_names(cfg)
     missing = [theirs for theirs in names.values() if theirs not in state]
     if missing:
         raise CheckpointError(f"{folder} lacks the weights {missing[:4]}{' ...' if len(missing) > 4 else ''}")
-    unused = sorted(set(state) - set(names.values()) - set(_IGNORED_TENSORS))
+    ignored = set(_IGNORED_TENSORS) - set(names.values()) | {"t2d", "d2t"}  # a draft vocabulary's head is its own
+    unused = sorted(set(state) - set(names.values()) - ignored)
     if unused:
         raise CheckpointError(
             f"{folder} holds weights a DFlash drafter here has no place for: {unused[:4]}"
@@ -336,5 +337,33 @@ def load_dflash(
                 f"{folder}: {names[name]} has shape {tuple(ours[name].shape)}, its config implies {tuple(param.shape)}"
             )
     model.load_state_dict(ours, assign=True, strict=True)  # the model holds no buffers: rotary tables are computed
+    model.draft_vocab = vocab
+    if model.lm_head is not None:
+        model.lm_head.requires_grad_(False)
     dtype = dtype or ours["fc.weight"].dtype
     return model.to(device=device, dtype=dtype)
+
+
+def _draft_vocab(folder: Path, cfg: DFlashConfig, state: dict[str, torch.Tensor]) -> DraftVocab | None:
+    """The draft vocabulary a checkpoint's ``t2d``/``d2t`` describe, checked against its config; None for a
+    full-vocabulary drafter."""
+    has_maps = "t2d" in state or "d2t" in state
+    if cfg.draft_vocab_size is None:
+        if has_maps and int(state.get("t2d", torch.ones(1)).sum()) != cfg.layers.vocab_size:
+            raise CheckpointError(f"{folder} holds t2d/d2t maps but its config.json drafts over the whole vocabulary")
+        return None
+    if "t2d" not in state or "d2t" not in state:
+        raise CheckpointError(
+            f"{folder} drafts over {cfg.draft_vocab_size} of {cfg.layers.vocab_size} tokens but holds no t2d/d2t maps "
+            "to say which; copy or export the drafter again"
+        )
+    try:
+        vocab = DraftVocab.from_maps(state["t2d"], state["d2t"])
+    except DraftVocabError as e:
+        raise CheckpointError(f"{folder}: its draft vocabulary maps are damaged ({e})") from e
+    if vocab.size != cfg.draft_vocab_size or vocab.vocab_size != cfg.layers.vocab_size:
+        raise CheckpointError(
+            f"{folder}: t2d/d2t map {vocab.size} of {vocab.vocab_size} tokens, config.json says "
+            f"{cfg.draft_vocab_size} of {cfg.layers.vocab_size}"
+        )
+    return vocab

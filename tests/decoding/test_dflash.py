@@ -111,3 +111,46 @@ def test_dflash_refuses_more_drafts_than_its_block_and_a_plain_model():
     with pytest.raises(ValueError, match="DFlash drafter model"):
         DFlashDrafter(model)
     assert V > 6  # the exactness test above uses the 13-token helpers' vocabulary
+
+
+class RecordingDFlash(DFlashDrafter):
+    """Keeps every drafted token id, to check none lies outside the draft vocabulary."""
+
+    def propose(self, *args, **kw):
+        out = super().propose(*args, **kw)
+        self.drafted = getattr(self, "drafted", set()) | set(out.tokens.flatten().tolist())
+        return out
+
+
+def test_a_draft_vocabulary_never_drafts_outside_it_and_stays_lossless():
+    """A drafter over N of the V tokens (``DFlashModel.use_vocab``): its q is 0 outside them, so they are never
+    drafted, and the output is still exactly the verifier's, greedy and sampled (chi-square)."""
+    from streakline.models.draft_vocab import DraftVocab
+
+    model = verifier(seed=7)
+    vocab = DraftVocab(torch.tensor([0, 2, 3, 5, 8, 11]), V)  # the eos 5 among them
+    want = generate(model, PROMPTS, SpecConfig(max_new_tokens=24, eos_token_id=5)).tokens
+    drafter = RecordingDFlash(_dflash(model).use_vocab(vocab), temperature=1.0, top_k=None)
+    for K, rule in ((1, "greedy_acceptance"), (3, "greedy_acceptance"), (1, "leviathan")):
+        cfg = SpecConfig(max_new_tokens=24, gamma=4, K=K, acceptance=rule, eos_token_id=5, seed=K)
+        res = generate(model, PROMPTS, cfg, drafter=drafter)
+        assert res.tokens == want, (K, rule)
+    assert drafter.drafted and drafter.drafted <= set(vocab.ids.tolist())
+    assert any(t not in vocab.ids.tolist() for seq in want for t in seq)  # the verifier wrote tokens outside it
+
+    V6, N = 6, 4000
+    small = verifier(seed=11, vocab=V6)
+    prompt = [1, 2, 3]
+    with torch.no_grad():
+        p1 = torch.softmax(small(torch.tensor([prompt]))[0, -1], -1)
+        p2 = torch.softmax(small(torch.tensor([prompt + [a] for a in range(V6)]))[:, -1], -1)
+    exact = p1[:, None] * p2
+    sampler = DFlashDrafter(_dflash(small, std=0.3).use_vocab(DraftVocab(torch.tensor([0, 2, 3, 4]), V6)),
+                            temperature=1.0, top_k=None)  # fmt: skip
+    for rule, K in (("greedy_acceptance", 3), ("leviathan", 1)):
+        cfg = SpecConfig(max_new_tokens=2, gamma=3, K=K, temperature=1.0, acceptance=rule, seed=3)
+        res = generate(small, [prompt] * N, cfg, drafter=sampler)
+        counts = torch.zeros(V6 * V6, dtype=torch.float64)
+        for t in res.tokens:
+            counts[t[0] * V6 + t[1]] += 1
+        assert chi2_pvalue(counts, exact) > 1e-3, rule

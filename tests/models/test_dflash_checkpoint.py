@@ -294,19 +294,50 @@ def test_authors_format_loads_with_layer_ids_one_higher(tmp_path, block_inside):
 
 
 # ------------------------------------------------------------------------------------------------ refusals
-def test_refuses_a_reduced_draft_vocabulary_in_the_config(export):
+def test_a_draft_vocabulary_is_stored_as_speculators_stores_it(tmp_path):
+    """A drafter over N of the V tokens writes ``draft_vocab_size`` N, its N-row head ``lm_head.weight`` and the
+    ``t2d``/``d2t`` maps, and reads back with the same vocabulary and the same logits."""
+    from streakline.models.draft_vocab import DraftVocab
+
+    verifier = _verifier()
+    vocab = DraftVocab.from_counts(torch.arange(V).flip(0), 40, keep=[MASK])  # the 39 lowest ids and the mask
+    drafter = _drafter().share(verifier).use_vocab(vocab)
+    assert torch.equal(drafter.lm_head.weight, verifier.output_weight[vocab.ids])  # the verifier's rows, frozen
+    assert not drafter.lm_head.weight.requires_grad
+    folder = save_dflash(drafter, tmp_path / "dflash")
+    assert _config(folder)["draft_vocab_size"] == 40
+    state = load_file(folder / "model.safetensors")
+    assert state["lm_head.weight"].shape == (40, H) and state["t2d"].dtype == torch.bool
+    assert torch.equal(torch.arange(40) + state["d2t"], vocab.ids)  # speculators' convention
+    loaded = load_dflash(folder).share(verifier).eval()
+    assert torch.equal(loaded.draft_vocab.ids, vocab.ids) and loaded.dflash.draft_vocab_size == 40
+    logits = _packed_logits(loaded, verifier)
+    assert logits.shape[-1] == 40 and torch.equal(logits, _packed_logits(drafter, verifier))
+    full = loaded.target_logits(logits)
+    assert torch.equal(full[..., vocab.ids], logits) and int(torch.isfinite(full).sum(-1).max()) == 40
+
+
+def test_refuses_a_draft_vocabulary_without_its_maps_or_with_broken_ones(tmp_path, export):
     _edit_config(export, lambda raw: raw.update(draft_vocab_size=32))
-    with pytest.raises(CheckpointError, match=r"reduced vocabulary \(32 of 97"):
+    with pytest.raises(CheckpointError, match=r"drafts over 32 of 97 tokens but holds no t2d/d2t maps"):
         load_dflash(export)
+    from streakline.models.draft_vocab import DraftVocab
+
+    folder = save_dflash(_drafter().share(_verifier()).use_vocab(DraftVocab(torch.arange(10), V)), tmp_path / "dv")
+    _edit_weights(folder, lambda state: state.update(d2t=state["d2t"] + 1))
+    with pytest.raises(CheckpointError, match="draft vocabulary maps are damaged"):
+        load_dflash(folder)
 
 
-def test_refuses_vocabulary_maps_in_the_weights(export):
-    def add_maps(state):
+def test_identity_maps_of_a_full_vocabulary_are_read_and_others_refused(export):
+    def add_maps(state):  # what a full-vocabulary checkpoint of some writers carries: the identity
         state["t2d"] = torch.ones(V, dtype=torch.bool)
         state["d2t"] = torch.zeros(V, dtype=torch.long)
 
     _edit_weights(export, add_maps)
-    with pytest.raises(CheckpointError, match="reduced draft vocabulary"):
+    assert load_dflash(export).draft_vocab is None
+    _edit_weights(export, lambda state: state["t2d"].__setitem__(slice(0, 5), False))
+    with pytest.raises(CheckpointError, match="drafts over the whole vocabulary"):
         load_dflash(export)
 
 

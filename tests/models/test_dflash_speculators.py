@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from streakline.models import Transformer, TransformerConfig, save_pretrained
 from streakline.models.dflash import DFlashConfig, DFlashModel, block_inputs, packed_blocks
 from streakline.models.dflash_checkpoint import load_dflash, save_dflash
+from streakline.models.draft_vocab import DraftVocab
 from tests.speculators_env import run_under_speculators, speculators_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -33,6 +34,7 @@ BLOCK = 4
 MASK = V - 1
 SEQ = 20
 ANCHORS = (0, 5, 11)  # < SEQ - BLOCK: speculators draws anchors only there; 0 = a block without context
+VOCAB_N = 40  # a draft vocabulary of 40 of the 97 tokens
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +198,9 @@ def speculators_run(speculators_path, tmp_path_factory):
     save_pretrained(verifier, root / "verifier")
     ours = _our_drafter(verifier)
     save_dflash(ours, root / "ours", verifier_name=str(root / "verifier"), verifier_architecture="Qwen3ForCausalLM")
+    # the same drafter over a draft vocabulary of 40 tokens (the mask among them), exported with its maps
+    reduced = _our_drafter(verifier).use_vocab(DraftVocab.from_counts(torch.arange(V) % 7, VOCAB_N, keep=[MASK]))
+    save_dflash(reduced, root / "vocab", verifier_name=str(root / "verifier"), verifier_architecture="Qwen3ForCausalLM")
 
     ids = torch.randint(0, V - 1, (1, SEQ), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -209,6 +214,8 @@ def speculators_run(speculators_path, tmp_path_factory):
     jobs = [
         {"kind": "load", "folder": str(root / "ours"), "inputs": str(root / "inputs.safetensors"),
          "out": str(root / "load.safetensors")},
+        {"kind": "load", "folder": str(root / "vocab"), "inputs": str(root / "inputs.safetensors"),
+         "out": str(root / "vocab.safetensors")},
         {"kind": "create", "folder": str(root / "theirs"), "inputs": str(root / "inputs.safetensors"),
          "out": str(root / "create.safetensors"), "shapes": shapes, "block_size": BLOCK, "mask_token_id": MASK,
          "aux_hidden_state_layer_ids": list(AUX), "verifier": str(root / "verifier"), "seed": 3},
@@ -220,9 +227,11 @@ def speculators_run(speculators_path, tmp_path_factory):
         "root": root,
         "verifier": verifier,
         "ours": ours,
+        "reduced": reduced,
         "ids": ids,
         "feats": feats,
         "load": load_file(root / "load.safetensors")["logits"],
+        "vocab": load_file(root / "vocab.safetensors")["logits"],
         "create": load_file(root / "create.safetensors")["logits"],
     }
 
@@ -240,6 +249,20 @@ def test_speculators_loads_our_export_with_the_same_logits(speculators_run):
     with torch.no_grad():
         blind = run["ours"](block_inputs(run["ids"][:, a], BLOCK, MASK), torch.arange(a, a + BLOCK)[None])
     assert (theirs[0, BLOCK : 2 * BLOCK] - blind[0]).abs().max() > 1e-2
+
+
+def test_speculators_loads_a_draft_vocabulary_export_with_the_same_logits(speculators_run):
+    """speculators reads ``draft_vocab_size``, the N-row ``lm_head`` and ``t2d``/``d2t`` of our export and drafts
+    the same logits over the draft vocabulary."""
+    run = speculators_run
+    ours = _our_logits(run["reduced"], run["ids"], run["feats"])
+    theirs = run["vocab"]
+    assert theirs.shape == ours.shape == (1, len(ANCHORS) * BLOCK, VOCAB_N)
+    diff = (theirs - ours).abs().max().item()
+    print(f"speculators vs ours, draft vocabulary of {VOCAB_N}: max |diff| {diff:.3g}")
+    assert diff < 1e-4
+    full = _our_logits(run["ours"], run["ids"], run["feats"])  # the same layers over the whole head
+    assert torch.allclose(full[..., run["reduced"].draft_vocab.ids], ours, atol=1e-5)
 
 
 def test_a_speculators_checkpoint_loads_with_the_same_logits(speculators_run):
