@@ -37,9 +37,10 @@ from torch import nn
 
 from streakline.models import Transformer
 from streakline.models.dflash import DFlashConfig, DFlashModel, packed_blocks
+from streakline.models.draft_vocab import DraftVocab
 
 from .data import WindowBatch
-from .losses import TEACHER_LOSSES, LossInput, LossSettings, compute_loss
+from .losses import STREAK_PRODUCT_LOSSES, TEACHER_LOSSES, LossInput, LossSettings, compute_loss
 from .windows import slot_rows, window_labels
 
 
@@ -89,9 +90,26 @@ def dflash_draft_argmax(
     ``mask_id``: the windows' filler for labels past the end."""
     _, slots = slot_hidden(drafter, verifier, clean[None], offsets[None])
     draft = drafter.logits(slots[0]).argmax(-1)
+    if drafter.draft_vocab is not None:  # draft ids -> the target ids they stand for
+        draft = drafter.draft_vocab.to_target(draft)
     G = draft.shape[1]
     labels, valid = zip(*(window_labels(clean, o, G, mask_id) for o in offsets.tolist()), strict=True)
     return draft, torch.stack(labels), torch.stack(valid)
+
+
+def draft_labels(
+    vocab: DraftVocab, labels: torch.Tensor, valid: torch.Tensor, loss: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Window labels ``[N, G]`` (target ids) and ``valid`` as a loss over a draft vocabulary reads them
+    (docs/algorithms.md, section 4): labels become draft ids, and a slot whose label lies outside the vocabulary,
+    where the drafter's probability is 0, carries no term. For the losses whose weights are streak products
+    (``STREAK_PRODUCT_LOSSES``) it also ends the window there, since no streak passes a token the drafter cannot
+    draft: every later slot weighs 0, as a product through q = 0 gives. The other losses drop that slot alone."""
+    ids = vocab.to_draft(labels)
+    inside = ids >= 0
+    if loss in STREAK_PRODUCT_LOSSES:
+        inside = inside.long().cumprod(1).bool()
+    return torch.where(inside, ids, 0), valid & inside
 
 
 class DFlashTrainModule(nn.Module):
@@ -124,12 +142,13 @@ class DFlashTrainModule(nn.Module):
         self._verifier = [verifier]
 
     def external_parameters(self) -> list:
-        """Nothing for DeepSpeed to register. ``strategy.setup`` registers, under ZeRO-3, parameters this module
-        reads outside their owner's forward so that the partitioned ones get gathered; the only such reads here are
-        of the verifier's embedding and head, which are not this module's parameters at all (the verifier is held
-        in a list), so DeepSpeed never partitions them: every rank keeps the whole verifier, like the online
-        teacher of ``DraftTrainModule``, and they are never trained."""
-        return []
+        """What DeepSpeed must register: ``strategy.setup`` registers, under ZeRO-3, parameters this module reads
+        outside their owner's forward so that the partitioned ones get gathered. The verifier's embedding and head
+        are read so, but they are not this module's parameters at all (the verifier is held in a list), so DeepSpeed
+        never partitions them: every rank keeps the whole verifier, like the online teacher of
+        ``DraftTrainModule``, and they are never trained. A draft vocabulary's head is the drafter's own (frozen)
+        and the loss reads it outside any forward of its owner: that one."""
+        return [] if self.drafter.lm_head is None else [self.drafter.lm_head.weight]
 
     @property
     def verifier(self) -> Transformer:
@@ -176,14 +195,14 @@ class DFlashTrainModule(nn.Module):
             }
         elif self.settings.name in TEACHER_LOSSES:
             teacher = {"teacher_logits": self._teacher_logits(final, batch, keep)}
+        labels, valid = batch.labels.flatten(0, 1)[keep], batch.valid.flatten(0, 1)[keep]
+        weight = drafter.output_weight
+        if drafter.draft_vocab is not None:  # draft ids, and no term for a token the head cannot draft
+            labels, valid = draft_labels(drafter.draft_vocab, labels, valid, self.settings.name)
+            weight = drafter.lm_head.weight
         out = compute_loss(
             LossInput(
-                hidden=picked,
-                weight=drafter.output_weight,
-                labels=batch.labels.flatten(0, 1)[keep],
-                valid=batch.valid.flatten(0, 1)[keep],
-                temperature=self.temperature,
-                **teacher,
+                hidden=picked, weight=weight, labels=labels, valid=valid, temperature=self.temperature, **teacher
             ),
             self.settings,
         )
@@ -231,9 +250,13 @@ def verifier_features(
     return out
 
 
-def dflash_from_state(state: dict[str, torch.Tensor], cfg: DFlashConfig) -> DFlashModel:
+def dflash_from_state(
+    state: dict[str, torch.Tensor], cfg: DFlashConfig, vocab: DraftVocab | None = None
+) -> DFlashModel:
     """A DFlash drafter from the full state dict of a ``DFlashTrainModule`` (``drafter.`` prefix; the verifier is no
-    submodule, so nothing else is in it), not shared with any verifier yet (``save_dflash`` needs no sharing)."""
+    submodule, so nothing else is in it), not shared with any verifier yet (``save_dflash`` needs no sharing).
+    ``vocab``: the trained drafter's draft vocabulary (its head is in ``state``; the maps are not)."""
     model = DFlashModel(cfg)
     model.load_state_dict({k.removeprefix("drafter."): v for k, v in state.items()})
+    model.draft_vocab = vocab
     return model

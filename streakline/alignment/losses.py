@@ -104,6 +104,9 @@ LossFn = Callable[[LossInput, LossSettings], LossOutput]
 LOSSES: dict[str, LossFn] = {}
 # The losses that read the verifier's distribution (stored top-k or online logits), not only its tokens.
 TEACHER_LOSSES = ("distillspec", "ar_distill")
+# The losses whose slot weights are products of the drafter's probabilities along the window: a slot the drafter
+# cannot draft (q = 0, outside a draft vocabulary) ends every streak there (alignment/dflash.py: draft_labels).
+STREAK_PRODUCT_LOSSES = ("streak", "ce_streak", "dpace")
 
 
 def register_loss(name: str) -> Callable[[LossFn], LossFn]:

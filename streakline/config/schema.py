@@ -232,6 +232,9 @@ class MethodConfig:
     # a DFlash drafter's verifier layer states: computed by the verifier at every step (online), or read from the
     # trajectories, which stage=trajectories stored with data.feature_layers = the drafter's target_layer_ids (stored)
     features: str = "online"
+    # a DFlash drafter's draft vocabulary: predict over the N most frequent target tokens of the training completions
+    # (models/draft_vocab.py; eos always among them), with a head of the verifier's N rows; None: the whole vocabulary
+    draft_vocab: int | None = None
     # mdm (adapting a drafter cut from an AR model to masked diffusion): the share of windows trained with every slot
     # masked, as one-step drafting sees them; the others hide each slot with a rate t ~ U(0, 1), weighted 1/t
     mdm_full_share: float = 0.5

@@ -100,6 +100,11 @@ class Distill(Stage):
                 "method.features=stored feeds a DFlash drafter the verifier states stored with the trajectories; "
                 f"the {drafter_kind(cfg).name} drafter reads none: use method.features=online"
             )
+        if method.get("draft_vocab") is not None and drafter_kind(cfg).name != "dflash":
+            raise ConfigError(
+                f"method.draft_vocab={method.draft_vocab}: a draft vocabulary is a DFlash drafter's head of its own; "
+                f"the {drafter_kind(cfg).name} drafter predicts over its whole vocabulary: drop method.draft_vocab"
+            )
         drafter_kind(cfg).check(cfg)
         if method.onpolicy_mix > 0 and (method.loss not in TEACHER_LOSSES or method.teacher != "online"):
             raise ConfigError(
@@ -250,8 +255,8 @@ LATER_METHOD_DEFAULTS = {
     "mdm_full_share": ("mdm", None),
 }
 # Knobs added later that every loss's key leaves out while they hold the value every earlier run trained with:
-# online verifier features, and ce_streak's unsmoothed streak weights.
-LATER_METHOD_DROPPED_AT = {"features": "online", "streak_smoothing": 0.0}
+# online verifier features, ce_streak's unsmoothed streak weights, and the whole vocabulary.
+LATER_METHOD_DROPPED_AT = {"features": "online", "streak_smoothing": 0.0, "draft_vocab": None}
 
 
 def method_key(method) -> dict[str, Any]:

@@ -280,3 +280,53 @@ def test_training_raises_the_accepted_streak_against_the_verifier():
         opt.step()
     after = accepted_per_cycle()
     assert after > before + 0.2, (before, after)
+
+
+# ------------------------------------------------------------------------------------------- a draft vocabulary
+def test_labels_outside_a_draft_vocabulary_end_a_streak_or_drop_one_slot():
+    """A slot whose label the draft vocabulary lacks (q = 0 there) carries no term; the streak-product losses also
+    weigh nothing after it (no streak passes it), the others keep the later slots."""
+    from streakline.alignment.dflash import draft_labels
+    from streakline.models.draft_vocab import DraftVocab
+
+    vocab = DraftVocab(torch.tensor([2, 5, 7, 9]), V)
+    labels = torch.tensor([[5, 3, 7, 9], [9, 7, 5, 2]])  # 3 is outside
+    valid = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    for loss in ("ce_streak", "streak", "dpace"):
+        ids, keep = draft_labels(vocab, labels, valid, loss)
+        assert keep.tolist() == [[True, False, False, False], [True, True, True, False]], loss
+        assert ids[0, 0] == 1 and ids[1].tolist()[:3] == [3, 2, 1]  # draft ids: positions in the sorted ids
+    ids, keep = draft_labels(vocab, labels, valid, "dflash_ce")
+    assert keep.tolist() == [[True, False, True, True], [True, True, True, False]]
+    assert vocab.to_target(ids[keep]).tolist() == labels[keep].tolist()
+
+
+@pytest.mark.parametrize("loss", ["ce_streak", "dflash_ce"])
+def test_training_over_a_draft_vocabulary_reads_its_own_head_and_labels(loss):
+    """The module's loss over a draft vocabulary is the loss of the drafter's slot states on its N-row head with the
+    labels ``draft_labels`` gives; its gradients reach every trained parameter and never the frozen head."""
+    from streakline.alignment.dflash import draft_labels, slot_hidden
+    from streakline.models.draft_vocab import DraftVocab, count_tokens
+
+    verifier = _verifier()
+    rows = _rows()
+    vocab = DraftVocab.from_counts(count_tokens(rows["completion_ids"], V), 30, keep=[MASK])
+    drafter = _drafter(verifier).use_vocab(vocab)
+    module = DFlashTrainModule(drafter, verifier, LossSettings(name=loss, chunk=13), temperature=0.8)
+    assert module.external_parameters() == [drafter.lm_head.weight]  # read outside its forward: ZeRO-3 gathers it
+    batch = _batch(rows)
+    got, _ = module(batch)
+    _, slots = slot_hidden(drafter, verifier, batch.clean, batch.offsets, batch.pad_valid)
+    keep = batch.window_valid.flatten()
+    labels, valid = draft_labels(vocab, batch.labels.flatten(0, 1)[keep], batch.valid.flatten(0, 1)[keep], loss)
+    assert not bool(valid.all()) and bool(valid.any())  # some labels fell outside, some inside
+    want = compute_loss(
+        LossInput(slots.flatten(0, 1)[keep], verifier.output_weight[vocab.ids], labels, valid, temperature=0.8),
+        LossSettings(name=loss, chunk=13),
+    ).loss
+    torch.testing.assert_close(got, want)
+    got.backward()
+    assert drafter.lm_head.weight.grad is None and not drafter.lm_head.weight.requires_grad
+    for name, p in drafter.named_parameters():
+        if p.requires_grad:
+            assert p.grad is not None and bool(p.grad.abs().sum() > 0), name

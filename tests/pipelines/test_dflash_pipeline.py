@@ -181,6 +181,8 @@ def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
         (["method=distillspec", "method.teacher=online", "method.onpolicy_mix=0.5"], "set method.onpolicy_mix=0"),
         (["method=dflash_ce", "trainer.lora.enabled=true"], "set trainer.lora.enabled=false"),
         (["method=mdm"], "adapts a standalone diffusion drafter"),
+        (["method=dflash_ce", "method.draft_vocab=0"], r"must lie in 1 \.\. 384"),
+        (["method=distillspec", "method.draft_vocab=64"], "train it with dflash_ce, dpace, streak or ce_streak"),
     ],
 )
 def test_what_dflash_training_cannot_do_is_refused_before_any_folder(world, overrides, match):
@@ -188,6 +190,39 @@ def test_what_dflash_training_cannot_do_is_refused_before_any_folder(world, over
     with pytest.raises(ConfigError, match=match):
         run_stage(_cfg(world, "distill", DFLASH, *overrides))
     assert _folders(world) == before
+
+
+def test_a_draft_vocabulary_is_built_from_the_training_data_stored_and_decoded_losslessly(world, capsys):
+    """``method.draft_vocab=64``: the 64 most frequent target ids of the trajectories (eos among them) become the
+    drafter's head; the export carries them as speculators does, decodes exactly like the verifier, and the run is
+    keyed apart from the full-vocabulary one (whose key does not name the setting)."""
+    from streakline.data.trajectories import load_trajectories
+    from streakline.models.draft_vocab import DraftVocab, count_tokens
+    from streakline.pipelines.common.lookup import trajectories_dir
+    from streakline.pipelines.distill import STAGE as DISTILL
+
+    steps = ["method=ce_streak", "trainer.max_steps=4", "trainer.eval_every=4", "trainer.save_every=4"]
+    run = run_stage(_cfg(world, "distill", DFLASH, *steps, "method.draft_vocab=64"))
+    assert "distill: draft vocabulary of 64 of 384 tokens" in capsys.readouterr().out
+    config = json.loads((run.artifact / "config.json").read_text())
+    assert config["draft_vocab_size"] == 64
+    drafter = load_dflash(run.artifact)
+    cfg = attach_world(_cfg(world, "distill", DFLASH, *steps, "method.draft_vocab=64"), False)
+    counts = count_tokens(load_trajectories(trajectories_dir(cfg))["completion_ids"], 384)
+    eos = json.loads((Path(cfg.model.verifier.path) / "config.json").read_text())["eos_token_id"]
+    want = DraftVocab.from_counts(counts, 64, keep=[eos] if isinstance(eos, int) else eos)
+    assert torch.equal(drafter.draft_vocab.ids, want.ids)
+    verifier = build(cfg.model.verifier, "verifier")
+    assert torch.equal(drafter.lm_head.weight, verifier.output_weight[want.ids])  # its rows, frozen through training
+    assert load_dflash(run.folder / "init").draft_vocab is not None  # dflash:base drafts over it too
+    assert any(m.startswith("eval/") for m in run.metrics)  # the held-out checks ran over the draft vocabulary
+    vanilla = _decode(world, "decoder=vanilla", "prompt_ids=[5,6,7]")
+    drafted = _decode(world, DFLASH, "decoder=dflash_draft", f"model.drafter.path={run.artifact}", "prompt_ids=[5,6,7]")
+    assert drafted["token_ids"] == vanilla["token_ids"]
+    full = attach_world(_cfg(world, "distill", DFLASH, *steps), False)
+    assert "draft_vocab" not in DISTILL.key(full)["method"] and DISTILL.key(cfg)["method"]["draft_vocab"] == 64
+    with pytest.raises(ConfigError, match="a DFlash drafter's head of its own"):
+        run_stage(_cfg(world, "distill", *steps, "method.draft_vocab=64"))  # the world's plain drafter
 
 
 def test_wrong_pairings_are_refused_with_the_fix(world, dflash_run):

@@ -42,10 +42,32 @@ class DFlashKind(DrafterKind):
             )
         if cfg.method.features == "stored":
             self._check_stored(cfg, dflash)
+        self._check_draft_vocab(cfg, dflash)
         if cfg.trainer.lora.enabled:
             raise ConfigError(
                 "trainer.lora.enabled=true: a DFlash drafter is a few layers and trains whole (its export holds only "
                 "its own layers); set trainer.lora.enabled=false"
+            )
+
+    def _check_draft_vocab(self, cfg: DictConfig, dflash) -> None:
+        """``method.draft_vocab``: a size in 1 .. V, a loss that reads only the verifier's tokens (a teacher's
+        distribution over the whole vocabulary has no place on N rows), and no other size than a drafter folder's."""
+        from streakline.alignment.losses import TEACHER_LOSSES
+
+        n, V = cfg.method.get("draft_vocab"), dflash.layers.vocab_size
+        if n is None:
+            return
+        if not 1 <= n <= V:
+            raise ConfigError(f"method.draft_vocab={n} must lie in 1 .. {V} (the verifier's vocabulary), or be null")
+        if cfg.method.loss in TEACHER_LOSSES:
+            raise ConfigError(
+                f"method.draft_vocab={n} with method={cfg.method.name}: its teacher spreads over all {V} tokens, a "
+                "draft vocabulary's head covers only N; train it with dflash_ce, dpace, streak or ce_streak"
+            )
+        if dflash.draft_vocab_size not in (None, n):
+            raise ConfigError(
+                f"method.draft_vocab={n}, but the drafter it starts from drafts over {dflash.draft_vocab_size} tokens: "
+                f"drop method.draft_vocab (its vocabulary is kept) or start from a full-vocabulary drafter"
             )
 
     def _check_stored(self, cfg: DictConfig, dflash) -> None:
@@ -121,10 +143,13 @@ class DFlashKind(DrafterKind):
         verifier = build(cfg.model.verifier, "verifier", dtype=dtype, device=device)
         verifier.eval().requires_grad_(False)
         drafter = build(cfg.model.drafter, "drafter", seed=cfg.seed).share(verifier).train()
+        n = cfg.method.get("draft_vocab")
+        if n is not None and drafter.draft_vocab is None:  # a folder's own vocabulary is kept (check refused others)
+            drafter.use_vocab(training_vocab(cfg, n, tokenizer))
         module = self.train_module(drafter, verifier, LossSettings.from_config(cfg.method), temperature=temperature)
 
         def export(state, target: Path, step: int):  # the speculators format (vllm serve <folder>)
-            model = dflash_from_state(state, module.drafter.dflash)
+            model = dflash_from_state(state, module.drafter.dflash, module.drafter.draft_vocab)
             return model, save_dflash(model, target, **identity)
 
         def save_start(folder: Path) -> Path:
@@ -136,6 +161,30 @@ class DFlashKind(DrafterKind):
     def decode_overrides(self, cfg: DictConfig) -> str:
         """The DFlash preset: the model preset's drafter is a standalone one."""
         return f"model.drafter={cfg.model.drafter.name} "
+
+
+def training_vocab(cfg: DictConfig, n: int, tokenizer):
+    """The draft vocabulary of ``n`` tokens for this run: the most frequent target ids of the training completions
+    (``models/draft_vocab.py``; ties to the lower id), the verifier's eos ids always among them. Prints how much of
+    the completions' tokens it covers, the ceiling of what a drafter over it can accept per token."""
+    import numpy as np
+
+    from streakline.data.trajectories import load_trajectories
+    from streakline.models.draft_vocab import DraftVocab, count_tokens
+
+    from ..lookup import trajectories_dir
+    from ..roles import role_eos
+
+    V = _config(cfg).layers.vocab_size
+    rows = load_trajectories(trajectories_dir(cfg), verify=False)["completion_ids"]
+    counts = count_tokens(rows, V)
+    eos = role_eos(cfg, "verifier", tokenizer)
+    keep = [e for e in (eos if isinstance(eos, list | tuple) else [eos]) if e is not None]
+    vocab = DraftVocab.from_counts(counts, n, keep=keep)
+    seen = int(np.count_nonzero(counts))
+    print(f"distill: draft vocabulary of {n} of {V} tokens ({seen} distinct in the training completions) covers "
+          f"{vocab.coverage(counts):.1%} of their {int(counts.sum()):,} tokens")  # fmt: skip
+    return vocab
 
 
 def _config(cfg: DictConfig):
