@@ -575,8 +575,10 @@ class Config:
     # trainer.autocast=auto follows (models/precision.py, STAGE_PRECISION; stage=doctor lists them): auto is bf16
     # where the CPU (AMX, AVX512-BF16) or GPU multiplies it natively, else fp32
     precision: str = "auto"
-    # stage=decode: the text to continue (tokenised by the verifier's tokenizer), or raw verifier token ids
+    # stage=decode: the text to continue (tokenised by the verifier's tokenizer; "-" reads standard input), a UTF-8
+    # file holding it, or raw verifier token ids
     prompt: str | None = None
+    prompt_file: str | None = None
     prompt_ids: list[int] | None = None
     # the command line's overrides, as given (set by launch.py / compose_config); stage=pipeline and stage=sweep
     # compose each stage they run from these plus the stage's own overrides

@@ -2,11 +2,15 @@
 
     python launch.py stage=decode model=tiny decoder=diffusion_draft prompt="Sam has 3 apples."
     python launch.py stage=decode model=tiny decoder=ar_draft prompt_ids=[12,7,99] decoder.temperature=1.0
+    python launch.py stage=decode model=tiny decoder=vanilla prompt_file=question.txt   # any text, as written
+    echo "What is 2+2?" | python launch.py stage=decode model=tiny decoder=vanilla prompt=-   # standard input
     python launch.py stage=decode model=tiny decoder=vanilla model.verifier.path=/ckpt/hf-folder prompt="def f("
     python launch.py stage=decode model=tiny decoder=threshold prompt="Sam has 3 apples."   # block-diffusion target
     python launch.py stage=decode model=tiny model.drafter=tiny-dflash decoder=dflash_draft \
         model.drafter.path=runs/default/distill/<hash>/drafter prompt="Sam has 3 apples."   # a DFlash drafter
 
+``prompt_file`` and ``prompt=-`` take text as it is written (quotes, ``=``, commas, newlines: what Hydra's grammar
+would need escaped on a command line), UTF-8, with one trailing newline dropped as a shell's ``$(cat file)`` does.
 A verifier whose tokenizer has a chat template (``model=smol``, instruct checkpoints) gets ``prompt=`` as one user
 turn through it, as ``stage=evaluate`` renders prompts; ``data.chat_template=false`` sends the text as typed.
 ``prompt_ids`` are always sent as given. The tiny world is built first if it is not cached (the runner attaches it).
@@ -20,6 +24,8 @@ docs/decoding.md defines them), so scripts can read it with ``tail -n 1``.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -42,7 +48,7 @@ from .runner import Stage, StageResult
 
 class Decode(Stage):
     name = "decode"
-    settings = ("decoder", "prompt", "prompt_ids")
+    settings = ("decoder", "prompt", "prompt_file", "prompt_ids")
 
     def uses(self, cfg: DictConfig) -> tuple[str, ...]:
         if cfg.decoder.name in BLOCK + BLOCK_DRAFTED:
@@ -53,17 +59,21 @@ class Decode(Stage):
         precheck_block_artifact(cfg, cfg.decoder.name)  # before a world is built that the lookup would refuse
 
     def check(self, cfg: DictConfig) -> None:
-        if (cfg.prompt is None) == (cfg.prompt_ids is None):
+        given = [k for k in ("prompt", "prompt_file", "prompt_ids") if cfg.get(k) is not None]
+        if len(given) != 1:
             raise ConfigError(
-                'stage=decode needs exactly one of prompt="some text" or prompt_ids=[1,2,3] (raw verifier token ids)'
+                'stage=decode needs exactly one of prompt="some text" (prompt=- reads standard input), '
+                f"prompt_file=<a UTF-8 text file> or prompt_ids=[1,2,3] (raw verifier token ids); got {given or 'none'}"
             )
+        if cfg.get("prompt_file") is not None:
+            read_prompt_file(cfg.prompt_file)  # before any model is built: a wrong path costs nothing
 
     def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
         name, where = cfg.decoder.name, device()
         block = name in BLOCK + BLOCK_DRAFTED
         main_role = "target" if block else "verifier"
         tokenizer = role_tokenizer(cfg, main_role)
-        text_prompt = None if cfg.prompt is None else unescape(cfg.prompt)
+        text_prompt = typed_prompt(cfg)
         if text_prompt is not None and template_applied(tokenizer, cfg.data.chat_template):
             # an instruction-tuned verifier (model=smol) answers a user turn, as evaluate renders its prompts
             text_prompt = render_prompt([{"role": "user", "content": text_prompt}], tokenizer)
@@ -93,6 +103,47 @@ class Decode(Stage):
 
 
 STAGE = Decode()
+
+
+def typed_prompt(cfg: DictConfig) -> str | None:
+    """The text to continue: ``prompt`` (escapes resolved; ``-`` reads standard input), ``prompt_file``'s text, or
+    None for ``prompt_ids``."""
+    if cfg.get("prompt_file") is not None:
+        return read_prompt_file(cfg.prompt_file)
+    if cfg.prompt is None:
+        return None
+    if cfg.prompt != "-":
+        return unescape(cfg.prompt)
+    if sys.stdin is None or sys.stdin.closed:
+        raise ConfigError("prompt=- reads the prompt from standard input, which is closed; pipe the text in")
+    if sys.stdin.isatty():
+        print("decode: reading the prompt from standard input (end it with Ctrl-D)", file=sys.stderr)
+    return _one_prompt(sys.stdin.read(), "standard input", "pipe the text in: echo 'text' | python launch.py ...")
+
+
+def read_prompt_file(path: str) -> str:
+    """``prompt_file``'s text (UTF-8; a BOM dropped), ConfigError naming the file and the fix when it cannot be read,
+    is not UTF-8 or holds only white space."""
+    file = Path(path).expanduser()
+    try:
+        raw = file.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"prompt_file={path}: cannot read it ({e.strerror or e}); give a readable text file") from e
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"prompt_file={path} is not UTF-8 text (byte {e.start}); save it as UTF-8 (e.g. iconv -t UTF-8)"
+        ) from e
+    return _one_prompt(text, f"prompt_file={path}", "write the prompt into it")
+
+
+def _one_prompt(text: str, where: str, fix: str) -> str:
+    """``text`` with one trailing newline dropped (as ``$(cat file)`` would drop it); refused when blank."""
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text.strip():
+        raise ConfigError(f"{where} holds no prompt text; {fix}")
+    return text
 
 
 def _decode_block(cfg: DictConfig, target, prompt: list[int], eos, where: str) -> tuple[list[int], dict[str, Any]]:

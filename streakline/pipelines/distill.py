@@ -128,7 +128,7 @@ class Distill(Stage):
             why = "unfinished" if done is not None else "none"
             raise ConfigError(
                 f"no complete trajectories for these verifier and data settings ({why} in {folder}); make them with "
-                f"{make}"
+                f"{make}{_self_chat_hint(cfg)}"
             )
         if method.features == "stored":  # the trajectories are there: do they hold the drafter's layer states?
             drafter_kind(cfg).stored_features(cfg)
@@ -276,6 +276,20 @@ def method_key(method) -> dict[str, Any]:
 
 
 STAGE = Distill()
+
+
+def _self_chat_hint(cfg: DictConfig) -> str:
+    """What else keys trajectories with self-chat prompts: the evaluation prompts the requests keep out, which a
+    stage=trajectories run without this run's held-out or evaluate settings counted differently."""
+    from streakline.data.benchmarks import parse_source
+    from streakline.data.self_chat import SELF_CHAT
+
+    if not any(parse_source(s)[0] == SELF_CHAT for s in cfg.data.prompt_sources):
+        return ""
+    return (
+        " (self-chat requests keep out every evaluation prompt, so the set also depends on trainer.eval_sources, "
+        "trainer.eval_prompts and stage=evaluate's benchmarks and prompts: give stage=trajectories the same)"
+    )
 
 
 def train_temperature(cfg: DictConfig) -> float:

@@ -72,6 +72,44 @@ def test_bad_input_is_refused_with_the_fix(world_root):
         _decode(world_root, "decoder=spot", "prompt=x")
 
 
+TYPED = 'Sam said: "f(x) = a, b" [ok]?\nThen {it} ended.'  # Hydra's grammar would need most of this escaped
+
+
+def test_a_prompt_from_a_file_or_standard_input_is_taken_as_written(world_root, tmp_path):
+    """``prompt_file`` and ``prompt=-`` read text Hydra could not take as ``prompt=`` without escapes, newline
+    included, and decode exactly what its token ids decode; one trailing newline is dropped, a BOM too."""
+    from streakline.pipelines.common.prompts import encode
+    from streakline.pipelines.common.roles import role_tokenizer
+
+    cfg = attach_world(compose_config(["stage=decode", "model=micro", f"run_root={world_root}", "prompt=x"]), False)
+    ids = encode(role_tokenizer(cfg, "verifier"), TYPED)
+    want = _decode(world_root, "decoder=vanilla", f"prompt_ids=[{','.join(map(str, ids))}]")["token_ids"]
+    (tmp_path / "prompt.txt").write_bytes(b"\xef\xbb\xbf" + (TYPED + "\r\n").encode())  # BOM, CRLF: a Windows editor's
+    got = _decode(world_root, "decoder=vanilla", f"prompt_file={tmp_path / 'prompt.txt'}", "data.chat_template=false")
+    assert got["token_ids"] == want
+    proc = subprocess.run(
+        [sys.executable, "launch.py", "stage=decode", "model=micro", f"run_root={world_root}", "decoder=vanilla",
+         "decoder.max_new_tokens=12", "data.chat_template=false", "prompt=-"],
+        cwd=ROOT, input=TYPED + "\n", capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["token_ids"] == want
+    assert proc.stdout.startswith(TYPED)  # the prompt as read, then its continuation
+
+
+def test_a_prompt_file_that_cannot_serve_is_refused_with_the_fix(world_root, tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp_path / "blank.txt").write_text(" \n\n")
+    for overrides, match in (
+        ([f"prompt_file={tmp_path / 'missing.txt'}"], "cannot read it"),
+        ([f"prompt_file={tmp_path / 'latin1.txt'}"], "is not UTF-8 text .* save it as UTF-8"),
+        ([f"prompt_file={tmp_path / 'blank.txt'}"], "holds no prompt text; write the prompt into it"),
+        ([f"prompt_file={tmp_path / 'blank.txt'}", "prompt=x"], r"exactly one of .*got \['prompt', 'prompt_file'\]"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            _decode(world_root, "decoder=vanilla", *overrides)
+
+
 def test_cli_last_line_is_json(world_root):
     proc = subprocess.run(
         [

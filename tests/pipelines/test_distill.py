@@ -210,6 +210,9 @@ def test_missing_trajectories_are_refused(world):
     with pytest.raises(ConfigError, match="no complete trajectories.*python launch.py stage=trajectories model=micro"):
         _distill(world, "distill-data", "data.max_prompts=3")
     assert sorted(p for p in Path(world).rglob("*") if p.is_dir()) == before  # refused: no folder left behind
+    # self-chat prompts keep the evaluation prompts out, so the message names those settings too
+    with pytest.raises(ConfigError, match="no complete trajectories.*give stage=trajectories the same"):
+        _distill(world, "distill-data", "data.prompt_sources=[self-chat]", "data.mix_weights=[]", "data.max_prompts=3")
     with pytest.raises(ConfigError, match="method.teacher=online"):
         _distill(world, "distill-data", "method=streak", "method.onpolicy_mix=0.5")
 
