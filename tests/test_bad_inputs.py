@@ -80,6 +80,7 @@ CASES = [
     case("decode without a prompt", ["stage=decode", "decoder=vanilla"], "stage=decode needs exactly one of",
          "prompt_ids=[1,2,3]"),
     case("bad debug flag", [*DECODE, "debug=maybe"], "debug=maybe is not valid", "debug=true"),
+    case("a top-k of zero", [*DECODE, "decoder.top_k=0"], "decoder.top_k=0 keeps no token", "decoder.top_k=null"),
     case("word for a step count", ["stage=distill", *DATA, "trainer.max_steps=abc"],
          "trainer.max_steps=abc is not valid", "takes an integer"),
     case("word for a learning rate", ["stage=distill", *DATA, "trainer.lr=abc"], "trainer.lr=abc is not valid",

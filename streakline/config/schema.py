@@ -354,7 +354,7 @@ class DecoderConfig:
     temperature: float = 0.0  # verifier temperature
     drafter_temperature: float = 1.5
     argmax_chain: bool = True  # chain 0 is the drafter's argmax; False: all K chains i.i.d. from q (SpecDiff-2)
-    top_k: int = 64
+    top_k: int | None = 64  # the drafter samples among its k most likely tokens; null: among all of them
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
     # KV caches and forwards (ENGINES): auto = a static cache on one GPU (CUDA graphs once checked on a GPU:

@@ -415,8 +415,14 @@ def _decoder(cfg: DictConfig) -> None:
     _at_least(cfg, "decoder.gamma", 1, optional=True)
     for key in ("K", "max_new_tokens", "batch_size", "budget"):
         _at_least(cfg, f"decoder.{key}", 1)
-    for key in ("temperature", "drafter_temperature", "top_k"):
+    for key in ("temperature", "drafter_temperature"):
         _at_least(cfg, f"decoder.{key}", 0)
+    top_k = cfg.decoder.top_k
+    if top_k is not None and top_k < 1:  # 0 once meant "no limit" without saying so; a k of 0 keeps no token
+        raise ConfigError(
+            f"decoder.top_k={top_k} keeps no token to draft from: give decoder.top_k >= 1, or decoder.top_k=null to "
+            "draft among the whole vocabulary"
+        )
     if cfg.decoder.acceptance == "exact_greedy" and cfg.decoder.temperature > 0:
         raise ConfigError(
             f"decoder.acceptance=exact_greedy is lossless only at decoder.temperature=0, got "

@@ -157,7 +157,7 @@ def speculative_setup(
                 raise ValueError(f"decoder={name} drafts with the verifier's embedding and head: pass verifier=")
             drafter_model.share(verifier)
             gamma_default = drafter_model.dflash.block_size - 1
-        drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k or None)
+        drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
     gamma = decoder.gamma if decoder.gamma is not None else gamma_default
     spec = SpecConfig(
         max_new_tokens=decoder.max_new_tokens,

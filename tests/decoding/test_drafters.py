@@ -100,7 +100,7 @@ def test_argmax_chain_setting_decides_how_the_k1_draft_is_drawn(argmax_chain, ac
     follows q (chi-square) when drafts are i.i.d., and is always q's argmax otherwise."""
     n = 3000  # one prompt repeated: each row is an independent draw of the first cycle's draft
     decoder = DecoderConfig(
-        name="diffusion_draft", K=1, gamma=1, temperature=temperature, drafter_temperature=1.0, top_k=0,
+        name="diffusion_draft", K=1, gamma=1, temperature=temperature, drafter_temperature=1.0, top_k=None,
         acceptance=acceptance, argmax_chain=argmax_chain, max_new_tokens=1,
     )  # fmt: skip
     spec, built = speculative_setup(decoder, random_drafter(seed=2), seed=5)
