@@ -80,6 +80,8 @@ CASES = [
     case("decode without a prompt", ["stage=decode", "decoder=vanilla"], "stage=decode needs exactly one of",
          "prompt_ids=[1,2,3]"),
     case("bad debug flag", [*DECODE, "debug=maybe"], "debug=maybe is not valid", "debug=true"),
+    case("a window wider than any completion", ["stage=distill", *DATA, "method.gamma=100000"],
+         "method.gamma=100000 is wider than any completion", "choose method.gamma <="),
     case("a top-k of zero", [*DECODE, "decoder.top_k=0"], "decoder.top_k=0 keeps no token", "decoder.top_k=null"),
     case("word for a step count", ["stage=distill", *DATA, "trainer.max_steps=abc"],
          "trainer.max_steps=abc is not valid", "takes an integer"),

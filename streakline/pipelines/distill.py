@@ -90,6 +90,13 @@ class Distill(Stage):
                 f"method=mdm adapts a standalone diffusion drafter to masked diffusion; the {drafter_kind(cfg).name} "
                 "drafter trains with dflash_ce, dpace, streak or ce_streak"
             )
+        if method.gamma is not None and method.gamma > cfg.data.max_new_tokens:
+            # refused before a mask of gamma^2 entries per window is allocated (method.gamma=100000 asked for TBs)
+            raise ConfigError(
+                f"method.gamma={method.gamma} is wider than any completion (data.max_new_tokens="
+                f"{cfg.data.max_new_tokens}): the slots past that never hold a label; choose method.gamma <= "
+                f"{cfg.data.max_new_tokens}, or drop it for the drafter preset's"
+            )
         if cfg.trainer.init_from and cfg.trainer.resume_from:
             raise ConfigError(
                 "trainer.resume_from continues a run from its checkpoint (weights included) and trainer.init_from "
