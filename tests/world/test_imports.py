@@ -191,3 +191,46 @@ def test_a_dflash_drafter_of_the_imported_verifier_gets_its_tokenizer(imported):
 
     drafter = build(dflash.model.drafter, "drafter")  # from scratch: the mask id comes from the verifier's tokenizer
     assert drafter.dflash.mask_token_id == 16 and drafter.dflash.block_size == 9
+
+
+def test_the_shipped_file_is_checked_against_its_package_record(imported):
+    """pip's RECORD holds the sha256 of every file it installed: the GGUF file's is what we hash, so a file that
+    changed since (truncated, emptied, edited) is caught before any reader meets it."""
+    from streakline.hashing import file_sha256
+    from streakline.world.imports import shipped_sha256
+
+    root, cfg = imported
+    path = gguf_path(cfg, "verifier")
+    assert shipped_sha256(cfg.model.verifier.source, path) == file_sha256(path, Path(root) / "sha-cache.json")
+
+
+@pytest.mark.parametrize("keep", ["half", "1 MB", "empty"])
+def test_a_damaged_gguf_file_names_itself_and_the_reinstall(imported, tmp_path, monkeypatch, keep):
+    """A copy of the real file, cut, as a package of its own (with a RECORD of the whole file): the import key
+    refuses it by hash with the reinstall command, and the reader's failure on it names the file (no traceback from
+    inside the reader), whichever way it was cut."""
+    from streakline.world.imports import import_key
+
+    root, cfg = imported
+    real = gguf_path(cfg, "verifier").read_bytes()
+    cut = {"half": real[: len(real) // 2], "1 MB": real[: 1 << 20], "empty": b""}[keep]
+    site = tmp_path / "site"
+    (site / "brokenpkg").mkdir(parents=True)
+    (site / "brokenpkg" / "__init__.py").write_text("")
+    (site / "brokenpkg" / "model.gguf").write_bytes(cut)
+    info = site / "brokenpkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: brokenpkg\nVersion: 1.0\n")
+    import base64
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(real).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"brokenpkg/model.gguf,sha256={digest},{len(real)}\nbrokenpkg/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    source = ["model.verifier.source.package=brokenpkg", "model.verifier.source.file=model.gguf",
+              "model.verifier.source.pip='brokenpkg==1.0'"]  # fmt: skip
+    broken = compose_config([f"run_root={root}", *SMALL, *source])
+    with pytest.raises(SourceError, match=r"brokenpkg/model\.gguf is damaged .*pip install --force-reinstall"):
+        import_key(broken, "verifier")
+    with pytest.raises(SourceError, match=r"cannot read the GGUF file .*brokenpkg/model\.gguf"):
+        load_gguf_reference(site / "brokenpkg" / "model.gguf")
