@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
 
 
@@ -136,9 +137,25 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{title}: " + "; ".join(f"{p.title} [{', '.join(p.metrics() + (p.regex,) * bool(p.regex))}]"
                                            for p in ps))  # fmt: skip
         return
-    built = workspace(args.entity, args.project, args.name)
-    built.save()
+    try:
+        built = workspace(args.entity, args.project, args.name)
+    except ImportError as e:  # without the extra: the install command, not a traceback
+        _fail(f"{e}; --dry-run prints the panels without it")
+    try:
+        built.save()  # the one call that goes to the network: it creates the whole workspace or nothing
+    except Exception as e:  # wandb's UsageError (no API key), AuthenticationError (a wrong one), a network error
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        _fail(
+            f"W&B did not create the workspace ({type(e).__name__}: {why}); set WANDB_API_KEY or run `wandb login`, "
+            "check the network, or use --dry-run to print the panels offline"
+        )
     print(f"dashboard: created {built.url}")
+
+
+def _fail(message: str) -> None:
+    """One line on stderr and status 2, as every streakline command ends on bad input."""
+    print(f"dashboard: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -38,3 +38,23 @@ def test_the_definition_builds_a_workspace_offline():
         assert [p.title for p in section.panels] == [p.title for p in defined]
     stacked = [p for s in built.sections for p in s.panels if getattr(p, "plot_type", None) == "stacked-area"]
     assert [p.title for p in stacked] == ["seconds per step by phase"]
+
+
+def test_creating_it_without_the_extra_or_a_key_ends_in_one_line(tmp_path):
+    """Without ``wandb-workspaces`` (this environment) the command names the install; with it and no API key it
+    names the key: one line on stderr, status 2, no traceback, nothing created."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path), WANDB_MODE="online")
+    proc = subprocess.run(
+        [sys.executable, "-m", "streakline.alignment.dashboard", "--entity", "e", "--project", "p"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dashboard: "), proc.stderr
+    assert "pip install 'streakline[dashboard]'" in lines[0] or "WANDB_API_KEY" in lines[0]
+    assert list(tmp_path.iterdir()) == [] or all(p.name.startswith(".") for p in tmp_path.iterdir())
