@@ -146,3 +146,20 @@ def test_an_order_model_names_its_target_and_one_for_another_block_size_is_refus
     assert "\n" not in message and "made for target micro-target (block size 8, weights " in message
     assert "not for model.target: target micro-target (block size 4, weights " in message
     assert f"python launch.py stage=spot model=micro {' '.join(extra)} stage.rule=static, or set" in message
+
+
+def test_a_hand_picked_order_model_for_another_block_size_is_refused_before_a_world_is_built(first):
+    """A changed model.target.block_size means a new tiny world (minutes) that the lookup would then refuse the
+    hand-picked order model for: stage=decode says so first, and builds nothing."""
+    from streakline.config import compose_config
+    from streakline.pipelines import run_stage
+
+    root, res = first
+    before = sorted(p for p in Path(root).rglob("*") if p.is_dir())
+    cfg = compose_config(["stage=decode", "model=micro", f"run_root={root}", "decoder=spot", "prompt_ids=[5,6]",
+                          f"decoder.artifact={res.artifact}", "model.target.block_size=4"])  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"made for target micro-target \(block size 8\).*"
+                                              r"block size 4\), which would need a new world built first; set "
+                                              r"model.target.block_size=8"):  # fmt: skip
+        run_stage(cfg)
+    assert sorted(p for p in Path(root).rglob("*") if p.is_dir()) == before

@@ -370,9 +370,12 @@ def precheck_block_artifact(cfg: DictConfig, decoder: str, temperatures: list[fl
     (a quarter of an hour for the tiny one) that the lookup would refuse right after; this says so first. A run
     that records no block size passes (the lookup judges it by its key, after the build)."""
     node = cfg.model.target
-    if decoder not in BLOCK_ARTIFACTS or cfg.decoder.artifact or node.path or cfg.model.get("world") is None:
+    if decoder not in BLOCK_ARTIFACTS or node.path or cfg.model.get("world") is None:
         return
     block = node.block_size
+    if cfg.decoder.artifact:  # hand-picked: judged by what it records, the weights' fingerprint after the build
+        _precheck_picked(cfg, decoder)
+        return
     for _, m in complete_runs(cfg.run_root, cfg.experiment.name, decoder):
         recorded = m.metrics.get("block_size")
         if (m.config.get("target") or {}).get("name") == node.name and recorded in (None, block):
@@ -383,6 +386,31 @@ def precheck_block_artifact(cfg: DictConfig, decoder: str, temperatures: list[fl
         f"no {names.what} for target {node.name} (block size {block}) in experiment {cfg.experiment.name!r}, so "
         f"decoder={decoder} would be refused after building a new world for this target; run "
         f"{_make_command(cfg, decoder, wanted)} first (it builds the world), or set decoder.artifact=<{names.pick}>"
+    )
+
+
+def _precheck_picked(cfg: DictConfig, decoder: str) -> None:
+    """Refuse a hand-picked ``decoder.artifact`` recorded as made for another target preset or block size than
+    ``model.target``, before a world is built for the target (the lookup would refuse it right after). What the
+    artifact does not record, or a path that is not there, is left to the lookup."""
+    path = Path(cfg.decoder.artifact).expanduser().absolute()
+    if decoder == "spot":
+        recorded = _recorded(path / TARGET_RECORD, path.parent) if path.is_dir() else {}
+    else:
+        graph = path / GRAPH if path.is_dir() else path
+        recorded = _recorded(graph, graph.parent, header=True) if graph.is_file() else {}
+    node = cfg.model.target
+    if recorded.get("block_size", node.block_size) == node.block_size and recorded.get("target", node.name) == (
+        node.name
+    ):
+        return
+    names = BLOCK_ARTIFACTS[decoder]
+    raise CheckpointError(
+        f"decoder.artifact={cfg.decoder.artifact} is a {names.made} made for target {recorded.get('target', '?')} "
+        f"(block size {recorded.get('block_size', '?')}), not for model.target: {node.name} (block size "
+        f"{node.block_size}), which would need a new world built first; set model.target.block_size="
+        f"{recorded.get('block_size', node.block_size)} to use it, or make one with "
+        f"{_make_command(cfg, decoder, _wanted(cfg, decoder))}"
     )
 
 
