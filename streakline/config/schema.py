@@ -489,6 +489,9 @@ class ClusterConfig:
     gpu_memory_gib: float = MISSING  # memory of one GPU, GiB
     hbm_gbps: float = MISSING  # its memory bandwidth, GB/s
     bf16_tflops: float = MISSING  # its dense bf16 peak, TFLOP/s (no sparsity)
+    # its dense fp32 peak (no TF32: PyTorch's default for fp32 matmuls), what an fp32 trainer without autocast runs at;
+    # None: bf16_tflops / 16, the ratio of A100 and H100
+    fp32_tflops: float | None = None
     gpus_per_node: int = MISSING
     intra_node_gbps: float = MISSING  # GPU to GPU within a node, one direction, per GPU (NVLink), GB/s
     inter_node_gbps: float = MISSING  # node to node, one direction, per node (all its NICs together), GB/s

@@ -123,6 +123,22 @@ def world(cfg: DictConfig) -> int:
     return cfg.cluster.nodes * cfg.cluster.gpus_per_node
 
 
+def gemm_precision(cfg: DictConfig) -> str:
+    """The dtype distill's GEMMs run in on the planned GPUs: bf16 for a bf16 trainer, and for an fp32 trainer under
+    ``trainer.autocast`` (``auto`` follows the top-level ``precision``; every GPU a cluster preset names multiplies
+    bf16 natively, the CPU preset is judged by this machine's flags); fp32 with ``trainer.autocast=off`` or
+    ``precision=fp32``."""
+    from streakline.models.precision import Hardware, detect, training_autocast
+
+    t = cfg.trainer
+    if t.precision == "bf16":
+        return "bf16"
+    gpu = cfg.cluster.name != "cpu"
+    hardware = Hardware("cuda", True, "a planned GPU") if gpu else detect("cpu")
+    amp = training_autocast(cfg.get("precision", "auto"), t.precision, t.get("autocast", "auto"), hardware=hardware)
+    return "fp32" if amp is None else "bf16"
+
+
 def usable(cfg: DictConfig) -> int:
     return int(cfg.cluster.gpu_memory_gib * mem.GIB * assumptions(cfg).usable_memory)
 
@@ -241,13 +257,16 @@ def plan_distill(cfg: DictConfig, shapes: Shapes) -> StagePlan:
         flops += micro * timing.forward_flops(
             verifier, tokens=mb * seq, context=seq / 2, slots=slots if online_teacher else 0, head=online_teacher
         )
-    compute = timing.seconds(flops, c, mfu(cfg))
-    comm_bytes = timing.zero_comm_bytes(trainable or d.params, zero_stage=t.zero_stage, world=n)
+    gemms = gemm_precision(cfg)
+    compute = timing.seconds(flops, c, mfu(cfg), gemms)
+    element = 2 if t.precision == "bf16" else 4  # an fp32 trainer's gradients and weights are fp32, autocast or not
+    comm_bytes = timing.zero_comm_bytes(trainable or d.params, zero_stage=t.zero_stage, world=n, element_bytes=element)
     comm = comm_bytes / (timing.link_gbps(c) * 1e9)
     step = max(compute, comm)
     bound = "compute" if compute >= comm else "communication"
     notes.append(
-        f"step: {flops / 1e12:.0f} TFLOP per rank at MFU {mfu(cfg):.2f} = {timing.human_seconds(compute)}; "
+        f"step: {flops / 1e12:.0f} TFLOP per rank in {gemms} at MFU {mfu(cfg):.2f} of "
+        f"{timing.peak_tflops(c, gemms):.4g} TFLOP/s = {timing.human_seconds(compute)}; "
         f"ZeRO-{t.zero_stage} moves {comm_bytes / 1e9:.1f} GB per rank at {timing.link_gbps(c):.0f} GB/s = "
         f"{timing.human_seconds(comm)}; {bound} bound"
     )
@@ -255,7 +274,8 @@ def plan_distill(cfg: DictConfig, shapes: Shapes) -> StagePlan:
     saves = -(-t.max_steps // t.save_every)  # every save_every steps, the last at max_steps
     kept = saves if t.keep_last is None else min(saves, t.keep_last)
     exports = saves if t.keep_exports is None else min(saves, t.keep_exports)
-    ds_bytes = d.params * (14 if t.precision == "bf16" else 16)  # bf16 weights + fp32 master and two moments
+    # fp32 weights and two moments (12 B a parameter, memory.py's model states); bf16 adds an fp32 master copy (14)
+    ds_bytes = d.params * (14 if t.precision == "bf16" else 12)
     if trainable is not None:
         ds_bytes = 2 * d.params + 12 * trainable
     disk = {

@@ -44,19 +44,31 @@ def link_gbps(cluster) -> float:
     return cluster.intra_node_gbps
 
 
-def zero_comm_bytes(params: int, *, zero_stage: int, world: int) -> float:
-    """Bytes each rank sends per optimizer step in ring collectives of bf16 tensors (each moves (N-1)/N of the
-    tensor): ZeRO-0 all-reduces the gradients (two passes), ZeRO-2 reduce-scatters them and all-gathers the
-    updated weights, ZeRO-3 also all-gathers the weights for forward and again for backward."""
+def zero_comm_bytes(params: int, *, zero_stage: int, world: int, element_bytes: int = 2) -> float:
+    """Bytes each rank sends per optimizer step in ring collectives of tensors of ``element_bytes`` per element (2
+    for a bf16 trainer's; 4 for an fp32 trainer's, whose gradients and weights are fp32 under autocast too), each
+    moving (N-1)/N of the tensor: ZeRO-0 all-reduces the gradients (two passes), ZeRO-2 reduce-scatters them and
+    all-gathers the updated weights, ZeRO-3 also all-gathers the weights for forward and again for backward."""
     if world <= 1:
         return 0.0
     passes = {0: 2, 2: 2, 3: 3}.get(zero_stage, 2)
-    return passes * 2 * params * (world - 1) / world
+    return passes * element_bytes * params * (world - 1) / world
 
 
-def seconds(flops: float, cluster, mfu: float) -> float:
-    """FLOPs on one GPU at ``mfu`` of its bf16 peak."""
-    return flops / (cluster.bf16_tflops * 1e12 * mfu)
+FP32_PER_BF16 = 1 / 16  # dense fp32 (no TF32) over dense bf16 peak: 19.5 / 312 on A100, 67 / 989 on H100
+
+
+def peak_tflops(cluster, precision: str = "bf16") -> float:
+    """One GPU's dense peak for GEMMs in ``precision`` (``bf16`` or ``fp32``)."""
+    if precision == "bf16":
+        return cluster.bf16_tflops
+    fp32 = cluster.get("fp32_tflops") if hasattr(cluster, "get") else getattr(cluster, "fp32_tflops", None)
+    return fp32 if fp32 else cluster.bf16_tflops * FP32_PER_BF16
+
+
+def seconds(flops: float, cluster, mfu: float, precision: str = "bf16") -> float:
+    """FLOPs on one GPU at ``mfu`` of its peak in ``precision`` (the GEMMs' dtype)."""
+    return flops / (peak_tflops(cluster, precision) * 1e12 * mfu)
 
 
 def decode_step_seconds(*, bytes_read: float, flops: float, cluster, bandwidth_efficiency: float, mfu: float) -> float:

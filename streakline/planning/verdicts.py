@@ -73,7 +73,9 @@ def distill_fixes(cfg: DictConfig) -> list[Fix]:
     if not t.activation_checkpointing:
         fixes.append(Fix(("trainer.activation_checkpointing=true",)))
     if t.zero_stage < 3:
-        fixes.append(Fix(("trainer.zero_stage=3", "trainer.precision=bf16"), "as trainer=zero3"))
+        # what trainer=zero3 sets (conf/trainer/zero3.yaml), so that the plan promised is the one trainer=zero3 gets
+        zero3 = ["trainer.zero_stage=3", "trainer.precision=bf16", "trainer.activation_checkpointing=true"]
+        fixes.append(Fix(tuple(zero3), "as trainer=zero3"))
     fixes += _halvings("trainer.micro_batch_size", t.micro_batch_size, "trainer.grad_accum", t.grad_accum)
     if m.loss in TEACHER_LOSSES and m.teacher == "online":
         fixes.append(Fix(("method.teacher=stored", f"data.topk_logprobs={cfg.data.topk_logprobs or 20}"),

@@ -199,3 +199,35 @@ def test_lora_trains_the_adapters_only():
     # rank 16 on q/k/v/o of 28 layers: about 10M adapter parameters against 7.6B
     assert lora.memory["optimizer states"] < full.memory["optimizer states"] / 200
     assert full.memory["weights"] < lora.memory["weights"] < full.memory["weights"] * 1.01
+
+
+def _distill_plan(*overrides):
+    return _replan([*A100S, "model=diffucoder", "stage.stages=[distill]", *overrides], "distill")
+
+
+def test_distill_is_timed_in_the_precision_its_trainer_multiplies_in():
+    """An fp32 trainer under autocast (the default) runs bf16 GEMMs; with trainer.autocast=off they are fp32, 16x
+    slower on an A100 (19.5 against 312 TFLOP/s). The gradients an fp32 trainer reduces are fp32: twice the bytes of
+    a bf16 trainer's. Its checkpoints hold 12 bytes a parameter (fp32 weights and two moments), a bf16 trainer's 14."""
+    one = ["cluster.nodes=1", "cluster.gpus_per_node=1", "trainer=zero2", "trainer.precision=fp32"]
+    amp, off = _distill_plan(*one), _distill_plan(*one, "trainer.autocast=off")
+    assert off.step / amp.step == pytest.approx(312 / 19.5)
+    assert "in bf16 at MFU" in " ".join(amp.notes) and "in fp32 at MFU" in " ".join(off.notes)
+
+    def moved(plan) -> float:
+        return float(re.search(r"moves ([0-9.]+) GB per rank", " ".join(plan.notes)).group(1))
+
+    fp32, bf16 = _distill_plan("trainer=zero2", "trainer.precision=fp32"), _distill_plan("trainer=zero2")
+    assert moved(fp32) == pytest.approx(2 * moved(bf16), rel=0.02)
+    per = {p: plan.disk["DeepSpeed checkpoints"] for p, plan in (("fp32", fp32), ("bf16", bf16))}
+    assert per["fp32"] / per["bf16"] == pytest.approx(12 / 14)
+
+
+def test_the_zero3_fix_is_the_plan_trainer_zero3_gets():
+    """The fix labelled "as trainer=zero3", pasted back, plans exactly what trainer=zero3 does."""
+    base = ["cluster.nodes=1", "cluster=a100-40g", "trainer=zero2", "trainer.micro_batch_size=4",
+            "data.max_new_tokens=2048"]  # fmt: skip
+    fix = next(f for f in FIXES["distill"](compose_config([*A100S, "model=diffucoder", *base])) if "zero3" in f.note)
+    pasted = _distill_plan(*base, *fix.overrides)
+    zero3 = _distill_plan(*[o for o in base if not o.startswith("trainer=")], "trainer=zero3")
+    assert (pasted.peak, pasted.step, pasted.disk) == (zero3.peak, zero3.step, zero3.disk)
