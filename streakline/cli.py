@@ -15,6 +15,7 @@ the stage named by ``stage=``. Heavy libraries are imported by the stages, not h
 fast.
 """
 
+import logging
 import os
 import sys
 
@@ -55,6 +56,9 @@ def main() -> None:
     except UserError as err:
         _fail_with(err)
     register_configs()
+    # A log handler that cannot write (Hydra's log file under a run root whose disk filled up mid-run) must not print
+    # a traceback per record before the stage's own one-line disk-full message: logging then drops the record.
+    logging.raiseExceptions = False
     _app()
 
 

@@ -38,3 +38,30 @@ def micro_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("micro_runs")
     cfg = compose_config(["stage=bootstrap", "model=micro", f"run_root={root}"])
     return root, cfg, run_stage(cfg)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(kib)``: a folder on a real filesystem of ``kib`` KiB (a tmpfs mounted under ``tmp_path``,
+    unmounted after the test), so that a write past it fails as on a full disk, with the real error of whatever
+    library writes. Mounting needs root (or CAP_SYS_ADMIN): elsewhere the test is skipped, saying so."""
+    import shutil
+    import subprocess
+
+    mounted = []
+
+    def make(kib: int):
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command to make a small filesystem")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)],
+                              capture_output=True, text=True)  # fmt: skip
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a small filesystem here (needs root): {proc.stderr.strip()[:120]}")
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

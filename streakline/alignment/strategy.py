@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from streakline.artifacts import MIN_FREE_BYTES, disk_full_error, is_disk_full
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # DeepSpeed's names in "torch_autocast"
@@ -51,6 +55,14 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
+
+
+def _nearly_full(folder: str | os.PathLike) -> bool:
+    """Whether the disk of ``folder`` has less than ``MIN_FREE_BYTES`` left: what a write that filled it leaves."""
+    try:
+        return shutil.disk_usage(folder).free < MIN_FREE_BYTES
+    except OSError:
+        return False
 
 
 class DeepSpeedStrategy:
@@ -166,8 +178,18 @@ class DeepSpeedStrategy:
         return torch.stack(rows).cpu().tolist()
 
     def save(self, engine, folder: str | os.PathLike, tag: str, client_state: dict[str, Any]) -> None:
-        """DeepSpeed state (weights, optimizer, scheduler) plus ``client_state``; collective: every rank calls it."""
-        engine.save_checkpoint(str(folder), tag=tag, client_state=client_state)
+        """DeepSpeed state (weights, optimizer, scheduler) plus ``client_state``; collective: every rank calls it.
+        A full disk ends in the project's one-line ``DiskFullError``: torch's writer reports it as ``[enforce fail
+        at inline_container.cc] ... file write failed``, which names no cause, so a failed save into a folder with
+        (almost) no space left is taken for one. The half-written ``tag`` goes (the checkpoints before it, and the
+        ``latest`` tag DeepSpeed writes only after a save, stay), so a rerun resumes from the last whole one."""
+        try:
+            engine.save_checkpoint(str(folder), tag=tag, client_state=client_state)
+        except (RuntimeError, OSError) as exc:
+            if not (is_disk_full(exc) or _nearly_full(folder)):
+                raise
+            shutil.rmtree(Path(folder) / tag, ignore_errors=True)
+            raise disk_full_error(Path(folder) / tag, exc, folder=True) from exc
 
     def load(self, engine, folder: str | os.PathLike, tag: str) -> dict[str, Any]:
         _, client_state = engine.load_checkpoint(str(folder), tag=tag)

@@ -337,7 +337,12 @@ def save_weights(state: dict[str, torch.Tensor], path: Path, metadata: dict[str,
     writes its files 0600, which a serving container running as another user cannot read."""
     from safetensors.torch import save_file
 
-    save_file(state, path, metadata=metadata)
+    try:
+        save_file(state, path, metadata=metadata)
+    except Exception as exc:  # safetensors says a full disk in its own error type ("No space left on device")
+        if is_disk_full(exc):
+            raise disk_full_error(path, exc) from exc
+        raise
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o666 & ~mask)

@@ -270,3 +270,18 @@ def test_mixed_precision_keeps_fp32_weights_and_trains_as_fp32_does(tmp_path):
         moved += float((w32 - w0).norm() ** 2)
         apart += float((w16 - w32).norm() ** 2)
     assert 0 < apart < 0.2**2 * moved, (apart, moved)  # 0.05 here: bf16 rounding, not another trajectory
+
+
+def test_a_full_disk_ends_a_deepspeed_save_in_one_line_and_leaves_no_half_checkpoint(tmp_path, small_disk):
+    """torch's checkpoint writer reports a full disk as "enforce fail at inline_container.cc ... file write failed";
+    the strategy says it in the project's one line, and takes the half-written tag away so a rerun resumes from the
+    last whole checkpoint."""
+    from streakline.errors import DiskFullError
+
+    trainer = _train(tmp_path / "run", fit=False)
+    trainer.strategy.save(trainer.engine, tmp_path / "probe", "step-000001", {"step": 1})
+    size = sum(p.stat().st_size for p in (tmp_path / "probe").rglob("*") if p.is_file())
+    disk = small_disk(max(16, size // 2 // 1024))  # half of what one checkpoint needs
+    with pytest.raises(DiskFullError, match=r"the disk is full: a write under .*step-000002 failed"):
+        trainer.strategy.save(trainer.engine, disk, "step-000002", {"step": 2})
+    assert not (disk / "step-000002").exists() and not (disk / "latest").exists()

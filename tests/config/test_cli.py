@@ -123,3 +123,21 @@ def test_console_script_matches_launch_py(tmp_path):
     assert via_script.returncode == via_launch.returncode == 0, via_script.stderr
     assert via_script.stdout == via_launch.stdout
     assert "GSAI-ML/LLaDA-8B-Instruct" in via_script.stdout
+
+
+def test_a_full_run_root_is_one_line_before_hydra_writes_there(tmp_path, small_disk):
+    """Hydra writes its log and config under run_root before any stage code runs: on a full disk that was a Hydra
+    traceback; now the same one line as a full disk anywhere, status 2."""
+    disk = small_disk(256)
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:  # fill it to the last block
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    proc = launch("stage=decode", "model=micro", f"run_root={disk}", "prompt_ids=[1,2]", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "the disk is full: a write under" in proc.stderr and "set run_root=" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Logging error" not in proc.stderr

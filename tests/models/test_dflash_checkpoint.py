@@ -455,7 +455,9 @@ def test_a_failed_write_never_replaces_a_good_export(tmp_path, export, monkeypat
         raise OSError("No space left on device")
 
     monkeypatch.setattr(safetensors.torch, "save_file", half_written)
-    with pytest.raises(OSError, match="No space left"):
+    from streakline.errors import DiskFullError
+
+    with pytest.raises(DiskFullError, match="the disk is full: writing model.safetensors"):
         save_dflash(_drafter(seed=9), export)
     assert _snapshot(export) == before
     assert [p.name for p in tmp_path.iterdir()] == ["dflash"]  # the temporary folder is gone too
@@ -469,3 +471,17 @@ def test_an_export_names_its_verifier(tmp_path):
     with pytest.raises(ValueError, match="verifier's hub id or path"):
         save_dflash(_drafter(verifier_name=None), tmp_path / "nameless")
     assert not (tmp_path / "nameless").exists()
+
+
+def test_a_full_disk_ends_an_export_in_one_line_and_keeps_the_earlier_one(tmp_path, small_disk):
+    """safetensors reports a full disk in its own error type; the export says it in the project's one line, removes
+    its half-written copy, and the export it was replacing still loads."""
+    from streakline.errors import DiskFullError
+
+    size = sum(p.stat().st_size for p in save_dflash(_drafter(seed=1), tmp_path / "probe").iterdir())
+    disk = small_disk(size * 3 // 2 // 1024 + 8)  # room for one export, not for a second beside it
+    first = save_dflash(_drafter(seed=1), disk / "dflash")
+    with pytest.raises(DiskFullError, match=r"the disk is full: writing model\.safetensors in .* free there"):
+        save_dflash(_drafter(seed=2), disk / "dflash")
+    assert sorted(p.name for p in disk.iterdir()) == ["dflash"]  # no half-written copy left beside it
+    assert torch.equal(load_dflash(first).fc.weight, _drafter(seed=1).fc.weight)
