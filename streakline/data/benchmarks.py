@@ -369,7 +369,16 @@ def read_records(
 
     Shared by the benchmark and conversation loaders: ``kind`` names the file in messages and ``error`` is the
     ``BenchmarkError`` subclass raised for an unreadable file (missing, other suffix, not UTF-8, bad JSON, not objects).
+    Inside ``bad_lines(True)`` a line that is not UTF-8 or not JSON is left out and counted instead.
     """
+    return read_numbered(path, kind=kind, error=error)[0]
+
+
+def read_numbered(
+    path: str | Path, *, kind: str = "benchmark", error: type[BenchmarkError] = BenchmarkError
+) -> tuple[list[dict[str, Any]], list[int | None]]:
+    """``read_records``' rows and, per row, the 1-based line of the file it came from (JSON Lines; None for a JSON
+    list or parquet), so that a message about a row names the line a user opens."""
     path = Path(path)
     if not path.is_file():
         raise error(f"no {kind} file at {path}; check the path (a relative one is taken from the current folder)")
@@ -380,7 +389,8 @@ def read_records(
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(path).to_pylist()
+            rows = pq.read_table(path).to_pylist()
+            return rows, [None] * len(rows)
         except (pa.ArrowException, OSError) as e:
             raise error(f"{path} is not a readable parquet file ({e}); copy or export it again") from e
     if suffix not in (".jsonl", ".json"):
@@ -393,16 +403,28 @@ def read_records(
             raise error(f"{path} is not a readable gzip file ({e}); copy it again or unpack it to {suffix}") from e
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors write one) is not content
         raw = raw[3:]
+    not_utf8: list[tuple[int, str]] = []
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
+        tally = _BAD_LINES.get()
         line = raw.count(b"\n", 0, e.start) + 1
-        cat = f"zcat {path} | iconv -f latin1 -t utf-8" if gzipped else f"iconv -f latin1 -t utf-8 {path}"
-        raise error(
-            f"{path}:{line} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); re-encode the file as "
-            f"UTF-8, e.g. {cat} > fixed{suffix}"
-        ) from e
-    if suffix == ".json":
+        if tally is None or not tally.skip:
+            cat = f"zcat {path} | iconv -f latin1 -t utf-8" if gzipped else f"iconv -f latin1 -t utf-8 {path}"
+            raise error(
+                f"{path}:{line} is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); re-encode the file as "
+                f"UTF-8, e.g. {cat} > fixed{suffix}, or set data.skip_bad_lines=true to leave such lines out"
+            ) from e
+        # data.skip_bad_lines=true: such a line is one more bad line, left out and counted like malformed JSON
+        kept = []
+        for n, chunk in enumerate(raw.split(b"\n"), 1):
+            try:
+                kept.append(chunk.decode("utf-8"))
+            except UnicodeDecodeError:
+                not_utf8.append((n, "not UTF-8"))
+                kept.append("")
+        text = "\n".join(kept)
+    if suffix == ".json" and not not_utf8:
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
@@ -410,23 +432,25 @@ def read_records(
         if isinstance(data, dict) and isinstance(data.get("data"), list):
             data = data["data"]
         if isinstance(data, list):
-            return _only_objects(data, path, error)
+            return _only_objects(data, path, error), [None] * len(data)
         if data is not None:
             raise error(f"{path} holds a JSON {type(data).__name__}; expected a list of objects")
-    rows, bad = [], []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    rows, lines, bad = [], [], list(not_utf8)
+    for lineno, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
+                lines.append(lineno)
             except json.JSONDecodeError as e:
                 bad.append((lineno, e.msg))
     if bad:
+        bad.sort()
         tally = _BAD_LINES.get()
         if tally is None or not tally.skip:
             raise error(_bad_lines_message(path, bad))
         tally.skipped += len(bad)
-        print(f"{kind} file {path}: left out {len(bad)} malformed line(s) (data.skip_bad_lines=true)")
-    return _only_objects(rows, path, error)
+        print(f"{kind} file {path}: left out {len(bad)} bad line(s) (data.skip_bad_lines=true)")
+    return _only_objects(rows, path, error, lines), lines
 
 
 SHOWN_BAD_LINES = 20  # a message names this many malformed lines, then counts the rest
@@ -474,10 +498,13 @@ def bad_lines(skip: bool):
 _read_file = read_records  # the earlier private name
 
 
-def _only_objects(rows: list[Any], path: Path, error: type[BenchmarkError] = BenchmarkError) -> list[dict[str, Any]]:
+def _only_objects(
+    rows: list[Any], path: Path, error: type[BenchmarkError] = BenchmarkError, lines: list[int] | None = None
+) -> list[dict[str, Any]]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise error(f"{path}: record {i} is not an object with named fields (it is {json.dumps(row)[:40]})")
+            where = f"{path}:{lines[i]}" if lines else f"{path}: record {i + 1}"
+            raise error(f"{where} is not an object with named fields (it is {json.dumps(row)[:40]})")
     return rows
 
 

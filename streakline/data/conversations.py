@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .benchmarks import FILE_SUFFIXES, BenchmarkError, _hub_offline, read_records
+from .benchmarks import _BAD_LINES, FILE_SUFFIXES, BenchmarkError, _hub_offline, read_numbered
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ def load_conversation_set(
     if layout is not None and layout not in LAYOUTS:
         raise ConversationError(f"unknown layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
     preset, path, hub_id = _resolve(source)
+    forced = skip_invalid is not None  # the caller's own choice wins over every default
     fields = dict(fields or {})
     if preset is not None:
         if layout is None and not fields.keys() & set(LAYOUT_KEY.values()):
@@ -176,16 +177,23 @@ def load_conversation_set(
     split = split or "train"
     if path is not None:
         label = str(path)
+        lines = None
         if path.is_dir():
             rows = _read_path(path, split, config)
         else:
-            rows = read_records(path, kind="conversation", error=ConversationError)
+            rows, lines = read_numbered(path, kind="conversation", error=ConversationError)
         name = preset.name if preset is not None else (path.stem if path.is_file() else path.name)
+        # one policy for a file, whichever loader reads it: its invalid rows are refused, naming the line, unless
+        # data.skip_bad_lines=true, which leaves them out and counts them (a preset's own skip_invalid is for the
+        # public set it names, whose rows nobody here can fix)
+        if not forced:
+            tally = _BAD_LINES.get()
+            skip_invalid = tally is not None and tally.skip
     else:
-        label = hub_id
+        label, lines = hub_id, None
         rows = _read_hub(hub_id, config, split, preset)
         name = preset.name if preset is not None else hub_id
-    return _convert(
+    out = _convert(
         rows,
         label=label,
         name=name,
@@ -195,7 +203,15 @@ def load_conversation_set(
         dedupe=dedupe,
         skip_invalid=bool(skip_invalid),
         domain=preset.domain if preset is not None else "chat",
+        lines=lines,
     )
+    if out.n_skipped:  # counted where the manifest reads it, and said, not only logged
+        tally = _BAD_LINES.get()
+        if tally is not None:
+            tally.skipped += out.n_skipped
+        print(f"conversation source {label}: left out {out.n_skipped} invalid row(s) (no turns, an unknown role or "
+              "no user turn)")  # fmt: skip
+    return out
 
 
 # ---------------------------------------------------------------- prompts, hashes, overlap
@@ -413,6 +429,7 @@ def _convert(
     dedupe: bool,
     skip_invalid: bool,
     domain: str,
+    lines: list[int | None] | None = None,
 ) -> ConversationSet:
     it = iter(rows)
     first = next(it, None)
@@ -433,7 +450,9 @@ def _convert(
         if limit is not None and len(out.records) >= limit:
             break
         out.n_rows += 1
-        where = f"{label}, row {i}"
+        # a file's line (as JSON errors name it), else the row counted from 1
+        line = lines[i] if lines is not None and i < len(lines) else None
+        where = f"{label}:{line}" if line is not None else f"{label}, row {i + 1}"
         try:
             turns = _row_turns(row, chosen, detected, fields, key, role_key, content_key, response_key, where)
             prompt_turns, reference = _split(turns, where)

@@ -128,7 +128,7 @@ def test_missing_mapped_field_lists_the_file_fields(tmp_path):
     with pytest.raises(ConversationError, match=r"'response' to 'answer'.*\['instruction', 'output'\]"):
         load_conversations(path, fields={"prompt": "instruction", "response": "answer"})
     dialog = _jsonl(tmp_path / "d.jsonl", [{"messages": [{"speaker": "user", "text": "Q"}]}])
-    with pytest.raises(ConversationError, match=r"row 0, turn 0 has no field 'role'.*\['speaker', 'text'\]"):
+    with pytest.raises(ConversationError, match=r"d.jsonl:1, turn 0 has no field 'role'.*\['speaker', 'text'\]"):
         load_conversations(dialog, fields={"content": "text"})
 
 
@@ -151,16 +151,16 @@ def test_undetectable_layout_lists_fields(tmp_path):
 
 def test_rows_must_share_the_layout(tmp_path):
     path = _jsonl(tmp_path / "mix.jsonl", [{"messages": CHAT}, {"prompt": "Q"}])
-    with pytest.raises(ConversationError, match=r"mix.jsonl, row 1 has layout prompt.*'messages'"):
+    with pytest.raises(ConversationError, match=r"mix.jsonl:2 has layout prompt.*'messages'"):
         load_conversations(path)
 
 
 def test_unknown_role_and_empty_conversations_name_the_row(tmp_path):
     bad_role = _jsonl(tmp_path / "r.jsonl", [{"messages": CHAT}, {"messages": [{"role": "bot", "content": "x"}]}])
-    with pytest.raises(ConversationError, match=r"r.jsonl, row 1, turn 0: unknown role 'bot'"):
+    with pytest.raises(ConversationError, match=r"r.jsonl:2, turn 0: unknown role 'bot'"):
         load_conversations(bad_role)
     empty = _jsonl(tmp_path / "e.jsonl", [{"conversations": []}])
-    with pytest.raises(ConversationError, match=r"e.jsonl, row 0: .* has no turns"):
+    with pytest.raises(ConversationError, match=r"e.jsonl:1: .* has no turns"):
         load_conversations(empty)
     no_user = _jsonl(tmp_path / "n.jsonl", [{"messages": [{"role": "assistant", "content": "x"}]}])
     with pytest.raises(ConversationError, match="no user turn"):
@@ -326,3 +326,28 @@ def test_presets_are_well_formed():
     assert {"sharegpt", "ultrachat", "code-instruct"} <= set(PRESETS)
     for preset in PRESETS.values():
         assert "/" in preset.hub_id and preset.layout in ("messages", "sharegpt", "prompt") and preset.split
+
+
+# --- one policy for bad rows -------------------------------------------------------------------------------------
+
+
+def test_a_file_with_bad_rows_is_refused_by_line_or_skipped_and_counted_whichever_loader_reads_it(tmp_path):
+    """A row with no user turn in a file: refused naming its line, by the generic loader and by a preset's
+    (sharegpt@file) alike; with data.skip_bad_lines=true (``bad_lines(True)``) left out by both and counted where
+    the manifest reads it. A line that is not UTF-8 is one more bad line."""
+    from streakline.data.benchmarks import bad_lines, read_records
+
+    good = {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]}
+    no_user = {"conversations": [{"from": "gpt", "value": "only me"}]}
+    path = _jsonl(tmp_path / "chats.jsonl", [good, no_user, good | {"id": "x"}])
+    for source in (str(path), f"sharegpt@{path}"):
+        with pytest.raises(ConversationError, match=r"chats.jsonl:2: no user turn"):
+            load_conversations(source, dedupe=False)
+        with bad_lines(True) as tally:
+            kept = load_conversations(source, dedupe=False)
+        assert len(kept) == 2 and tally.skipped == 1, source
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n{"prompt": "b"}\n')
+    with bad_lines(True) as tally:
+        rows = read_records(latin)
+    assert [r["prompt"] for r in rows] == ["a", "b"] and tally.skipped == 1
