@@ -413,3 +413,27 @@ def test_skip_bad_lines_leaves_malformed_lines_out_and_counts_them(catalogue, tm
     strict, lenient = (attach_world(compose_config([*cfg, f"data.skip_bad_lines={v}"])) for v in ("false", "true"))
     assert "skip_bad_lines" not in trajectories_key(strict, "tok")["data"]
     assert trajectories_key(lenient, "tok")["data"]["skip_bad_lines"] is True
+
+
+def test_a_log_file_that_cannot_be_written_drops_records_without_a_traceback(catalogue, tmp_path):
+    """Hydra's log file under a run root whose disk filled mid-run: every record it takes fails with ENOSPC, as
+    /dev/full fails every write. The records are dropped (``cli``: ``logging.raiseExceptions = False``), not each
+    printed as a 'Logging error' traceback before the stage's own output; the stage itself goes on."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here to stand for a full disk")
+    root, _ = catalogue
+    chats = tmp_path / "chats.jsonl"  # loading it logs a record (data/conversations.py), which the handler must drop
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}]}) + "\n"
+                             for i in range(6)))  # fmt: skip
+    proc = _launch(
+        root,
+        "stage=trajectories",
+        *DATA,
+        "experiment.name=log-full",
+        "data.mix_weights=[]",
+        f"data.prompt_sources=[conversations@{chats}]",
+        "hydra.job_logging.handlers.file.filename=/dev/full",
+    )
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Logging error" not in err and "No space left" not in err, err[-3000:]
