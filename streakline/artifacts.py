@@ -48,6 +48,7 @@ from streakline.errors import (  # noqa: F401
     UserError,
     disk_full_error,
     is_disk_full,
+    nearly_full,
 )
 from streakline.faults import kill_point
 from streakline.locks import (  # noqa: F401
@@ -91,16 +92,8 @@ def check_run_root(root: str | os.PathLike) -> None:
                 f"run_root={root} is on a read-only filesystem; set run_root=<a folder on a writable filesystem>"
             )
         raise ArtifactError(f"run_root={root} is not writable by this user; set run_root=<a writable folder>")
-    try:
-        free = shutil.disk_usage(root).free
-    except OSError:
-        return
-    if free < MIN_FREE_BYTES:  # Hydra writes its log and config there before any stage code could say it
+    if nearly_full(root):  # Hydra writes its log and config there before any stage code could say it
         raise disk_full_error(root, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), folder=True)
-
-
-# Below this much free space under run_root no job starts: Hydra's own first writes there would fail in a traceback.
-MIN_FREE_BYTES = 1 << 20
 
 
 def _plain(cfg: Any) -> Any:

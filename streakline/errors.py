@@ -80,6 +80,19 @@ def is_disk_full(exc: BaseException) -> bool:
     return any(sign in text for sign in ("No space left on device", "StorageFull", "Disk quota exceeded"))
 
 
+# Below this much free space a disk counts as full: what a write that filled it leaves, and too little for a job's
+# first writes (Hydra's log and config under run_root, before any stage code could say what went wrong).
+MIN_FREE_BYTES = 1 << 20
+
+
+def nearly_full(path: str | os.PathLike) -> bool:
+    """Whether the disk holding ``path`` has less than ``MIN_FREE_BYTES`` free (False when it cannot be asked)."""
+    try:
+        return shutil.disk_usage(path).free < MIN_FREE_BYTES
+    except OSError:
+        return False
+
+
 def disk_full_error(path: str | os.PathLike, exc: BaseException | None = None, folder: bool = False) -> DiskFullError:
     """The one-line error for a write to the file ``path`` that found no space: what, where and how much is free
     there. ``folder``: ``path`` is only the folder the write went to (the failing call did not name its file)."""

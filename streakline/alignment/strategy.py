@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from streakline.artifacts import MIN_FREE_BYTES, disk_full_error, is_disk_full
+from streakline.errors import disk_full_error, is_disk_full, nearly_full
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 AUTOCAST_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}  # DeepSpeed's names in "torch_autocast"
@@ -55,14 +55,6 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return f
-
-
-def _nearly_full(folder: str | os.PathLike) -> bool:
-    """Whether the disk of ``folder`` has less than ``MIN_FREE_BYTES`` left: what a write that filled it leaves."""
-    try:
-        return shutil.disk_usage(folder).free < MIN_FREE_BYTES
-    except OSError:
-        return False
 
 
 class DeepSpeedStrategy:
@@ -186,7 +178,7 @@ class DeepSpeedStrategy:
         try:
             engine.save_checkpoint(str(folder), tag=tag, client_state=client_state)
         except (RuntimeError, OSError) as exc:
-            if not (is_disk_full(exc) or _nearly_full(folder)):
+            if not (is_disk_full(exc) or nearly_full(folder)):
                 raise
             shutil.rmtree(Path(folder) / tag, ignore_errors=True)
             raise disk_full_error(Path(folder) / tag, exc, folder=True) from exc
