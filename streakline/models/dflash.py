@@ -137,25 +137,18 @@ class DFlashModel(nn.Module):
         self._shared = (verifier.embed, verifier.output_weight)
         return self
 
-    def use_vocab(self, vocab: DraftVocab | None, head: torch.Tensor | None = None) -> DFlashModel:
-        """Draft over ``vocab``'s N target tokens (None: the whole vocabulary, the verifier's head again). The head
-        is ``head`` ``[N, H]`` when given (a checkpoint's), else the shared verifier head's rows ``vocab.ids``
-        (``share`` first). Tokens outside ``vocab`` get no logit: ``logits`` has N columns, ``target_logits``
-        gives them back over the whole vocabulary with -inf elsewhere, so they are never drafted."""
-        if vocab is None:
-            self.draft_vocab, self.lm_head, self.dflash.draft_vocab_size = None, None, None
-            return self
+    def use_vocab(self, vocab: DraftVocab) -> DFlashModel:
+        """Draft over ``vocab``'s N target tokens, with a head of the shared verifier head's rows ``vocab.ids``
+        (``share`` first), frozen. Tokens outside ``vocab`` get no logit: ``logits`` has N columns,
+        ``target_logits`` gives them back over the whole vocabulary with -inf elsewhere, so they are never drafted.
+        (A checkpoint's own head is loaded by ``dflash_checkpoint.load_dflash``.)"""
         if vocab.vocab_size != self.config.vocab_size:
             V = self.config.vocab_size
             raise ValueError(f"a draft vocabulary over {vocab.vocab_size} tokens for a drafter of {V}")
-        rows = vocab.head(self.output_weight) if head is None else head
-        if tuple(rows.shape) != (vocab.size, self.config.hidden_size):
-            want = (vocab.size, self.config.hidden_size)
-            raise ValueError(f"a draft head of shape {tuple(rows.shape)}; expected {want}")
         ref = self.fc.weight
         self.lm_head = nn.Linear(self.config.hidden_size, vocab.size, bias=False, device=ref.device, dtype=ref.dtype)
         with torch.no_grad():
-            self.lm_head.weight.copy_(rows)
+            self.lm_head.weight.copy_(vocab.head(self.output_weight))
         self.lm_head.requires_grad_(False)  # the verifier's rows: frozen, as the whole head is
         self.draft_vocab, self.dflash.draft_vocab_size = vocab, vocab.size
         return self
