@@ -62,8 +62,7 @@ def peak_tflops(cluster, precision: str = "bf16") -> float:
     """One GPU's dense peak for GEMMs in ``precision`` (``bf16`` or ``fp32``)."""
     if precision == "bf16":
         return cluster.bf16_tflops
-    fp32 = cluster.get("fp32_tflops") if hasattr(cluster, "get") else getattr(cluster, "fp32_tflops", None)
-    return fp32 if fp32 else cluster.bf16_tflops * FP32_PER_BF16
+    return cluster.fp32_tflops or cluster.bf16_tflops * FP32_PER_BF16
 
 
 def seconds(flops: float, cluster, mfu: float, precision: str = "bf16") -> float:

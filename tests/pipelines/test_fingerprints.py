@@ -19,7 +19,7 @@ from streakline.hashing import folder_fingerprint, run_output, sha256_cache
 from streakline.models.tokenizer import tokenizer_hash
 from streakline.pipelines.common.lookup import (
     LATER_DATA_DEFAULTS,
-    sampling_precision,
+    frozen_precision,
     spiffy_key,
     spot_key,
     trajectories_dir,
@@ -60,7 +60,7 @@ def _old_trajectories_key(cfg, tok):
         data.pop("batch_size", None)
     node = cfg.model.verifier
     key = {"verifier": node.path or node.hub_id, "tokenizer": tok, "data": data, "seed": cfg.seed}
-    precision = sampling_precision(cfg)  # what the rows were sampled in: a part of its own, not a fingerprint
+    precision = frozen_precision(cfg)  # what the rows were sampled in: a part of its own, not a fingerprint
     return key if precision == "fp32" else {**key, "precision": precision}
 
 

@@ -71,7 +71,7 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     if data.get("batching") == "continuous":  # each row its own seed: the batch size changes no row (docs/data.md)
         data.pop("batch_size", None)
     key = {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": data_seed(cfg)}
-    precision = sampling_precision(cfg)
+    precision = frozen_precision(cfg)
     if precision != "fp32":  # what the rows were sampled in; fp32, what every run before the setting used, is unsaid
         key["precision"] = precision
     if any(parse_source(s)[0] == SELF_CHAT for s in cfg.data.prompt_sources):
@@ -102,9 +102,6 @@ def frozen_precision(cfg: DictConfig, role: str = "verifier") -> str:
     from streakline.models.precision import precision_name
 
     return precision_name(frozen_dtype(cfg, role))
-
-
-sampling_precision = frozen_precision  # the precision stage=trajectories samples the verifier in
 
 
 def training_autocast(cfg: DictConfig) -> torch.dtype | None:

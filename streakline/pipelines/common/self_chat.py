@@ -41,7 +41,7 @@ def _key(cfg: DictConfig, prefix: str, end: str, evaluation: dict[str, int]) -> 
     from streakline.models.tokenizer import tokenizer_hash
 
     from .fingerprints import role_parts
-    from .lookup import data_seed, sampling_precision
+    from .lookup import data_seed, frozen_precision
     from .roles import required_tokenizer
 
     node = cfg.model.verifier
@@ -49,7 +49,7 @@ def _key(cfg: DictConfig, prefix: str, end: str, evaluation: dict[str, int]) -> 
         "verifier": node.path or node.hub_id,
         **role_parts(cfg, "verifier"),
         "tokenizer": tokenizer_hash(required_tokenizer(cfg, "verifier", "trajectories")),
-        "precision": sampling_precision(cfg),
+        "precision": frozen_precision(cfg),
         "seed": data_seed(cfg),
         "prefix": prefix,
         "end": end,
