@@ -84,23 +84,34 @@ def test_dflash_drafting_is_exact_greedy_and_reads_the_right_states(K, gamma, ac
     assert res.metrics.alpha[0] > 0  # drafts were accepted, so the accepted-path states were exercised
 
 
-def test_dflash_sampling_follows_the_verifier():
-    V6, N = 6, 4000
-    model = verifier(seed=11, vocab=V6)
-    prompt = [1, 2, 3]
+V6, SAMPLES = 6, 4000  # the sampling tests: a 6-token verifier, its first two tokens drawn this many times
+SAMPLED_PROMPT = [1, 2, 3]
+
+
+def _sampled_pairs(model, drafter) -> dict:
+    """Per rule (greedy acceptance with K=3, leviathan), the decode result and the chi-square p-value of its first
+    two tokens against the verifier's exact joint distribution of them, at T=1."""
     with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([prompt]))[0, -1], -1)
-        p2 = torch.softmax(model(torch.tensor([prompt + [a] for a in range(V6)]))[:, -1], -1)
+        p1 = torch.softmax(model(torch.tensor([SAMPLED_PROMPT]))[0, -1], -1)
+        p2 = torch.softmax(model(torch.tensor([SAMPLED_PROMPT + [a] for a in range(V6)]))[:, -1], -1)
     exact = p1[:, None] * p2
-    drafter = DFlashDrafter(_dflash(model, std=0.3), temperature=1.0, top_k=None)
+    out = {}
     for rule, K in (("greedy_acceptance", 3), ("leviathan", 1)):
         cfg = SpecConfig(max_new_tokens=2, gamma=3, K=K, temperature=1.0, acceptance=rule, seed=3)
-        res = generate(model, [prompt] * N, cfg, drafter=drafter)
-        assert res.metrics.alpha[0] > 0.1  # a 6-token vocabulary: drafts are often right
+        res = generate(model, [SAMPLED_PROMPT] * SAMPLES, cfg, drafter=drafter)
         counts = torch.zeros(V6 * V6, dtype=torch.float64)
         for t in res.tokens:
             counts[t[0] * V6 + t[1]] += 1
-        assert chi2_pvalue(counts, exact) > 1e-3, rule
+        out[rule] = (res, chi2_pvalue(counts, exact))
+    return out
+
+
+def test_dflash_sampling_follows_the_verifier():
+    model = verifier(seed=11, vocab=V6)
+    drafter = DFlashDrafter(_dflash(model, std=0.3), temperature=1.0, top_k=None)
+    for rule, (res, p) in _sampled_pairs(model, drafter).items():
+        assert res.metrics.alpha[0] > 0.1  # a 6-token vocabulary: drafts are often right
+        assert p > 1e-3, rule
 
 
 def test_dflash_refuses_more_drafts_than_its_block_and_a_plain_model():
@@ -138,19 +149,8 @@ def test_a_draft_vocabulary_never_drafts_outside_it_and_stays_lossless():
     assert drafter.drafted and drafter.drafted <= set(vocab.ids.tolist())
     assert any(t not in vocab.ids.tolist() for seq in want for t in seq)  # the verifier wrote tokens outside it
 
-    V6, N = 6, 4000
     small = verifier(seed=11, vocab=V6)
-    prompt = [1, 2, 3]
-    with torch.no_grad():
-        p1 = torch.softmax(small(torch.tensor([prompt]))[0, -1], -1)
-        p2 = torch.softmax(small(torch.tensor([prompt + [a] for a in range(V6)]))[:, -1], -1)
-    exact = p1[:, None] * p2
     sampler = DFlashDrafter(_dflash(small, std=0.3).use_vocab(DraftVocab(torch.tensor([0, 2, 3, 4]), V6)),
                             temperature=1.0, top_k=None)  # fmt: skip
-    for rule, K in (("greedy_acceptance", 3), ("leviathan", 1)):
-        cfg = SpecConfig(max_new_tokens=2, gamma=3, K=K, temperature=1.0, acceptance=rule, seed=3)
-        res = generate(small, [prompt] * N, cfg, drafter=sampler)
-        counts = torch.zeros(V6 * V6, dtype=torch.float64)
-        for t in res.tokens:
-            counts[t[0] * V6 + t[1]] += 1
-        assert chi2_pvalue(counts, exact) > 1e-3, rule
+    for rule, (_, p) in _sampled_pairs(small, sampler).items():
+        assert p > 1e-3, rule
