@@ -299,7 +299,7 @@ def check_drafter_kinds(kinds: dict) -> list[str]:
             problems.append(f"drafter kind {name}: tokenizer_role={kind.tokenizer_role!r} is not a role it drafts in")
         if kind.train_module is not None and not issubclass(kind.train_module, nn.Module):
             problems.append(f"drafter kind {name}: train_module {kind.train_module!r} is no torch module")
-    drafted = sorted(n for n, s in specs.items() if s.drafter is not None)
+    drafted = sorted(n for n, s in specs.items() if s.drafter in DRAFTERS)  # a model's (not ngram: no model)
     problems += check_same_names(drafted, sorted(k.decoder for k in kinds.values()), "the drafter kinds' decoders")
     for checkpoint in checkpoints:
         trained = [k.name for k in kinds.values() if k.checkpoint == checkpoint and k.trains]
@@ -350,7 +350,15 @@ def test_decoder_tables_derive_from_specs():
     specs = registry.DECODER_SPECS
     assert all(name == spec.name for name, spec in specs.items())
     assert set(registry.SPECULATIVE) == {n for n, s in specs.items() if s.family == "speculative"}
-    assert set(registry.SPECULATIVE.values()) - {None} <= set(drafters.DRAFTERS.values())
+    model_free = set(registry.MODEL_FREE_DRAFTERS.values())
+    assert set(registry.SPECULATIVE.values()) - {None} <= set(drafters.DRAFTERS.values()) | model_free
+    assert not set(registry.MODEL_FREE_DRAFTERS) & set(drafters.DRAFTERS)  # a kind has a model or has none
+    assert {n for n in specs if not registry.needs_drafter_model(n)} == {
+        "vanilla",
+        *registry.MODEL_FREE_DRAFTERS,
+        *registry.BLOCK,
+        *registry.BLOCK_DRAFTED,
+    }
     assert registry.SPECULATIVE["vanilla"] is None
     assert {*registry.BLOCK, *registry.BLOCK_DRAFTED} == {n for n, s in specs.items() if s.family == "block"}
     assert not set(registry.BLOCK) & set(registry.BLOCK_DRAFTED)

@@ -60,7 +60,8 @@ BATCHINGS = ("continuous", "fixed")  # data.batching
 AUTO_BATCH_CAP = {"cpu": 64, "cuda": 256}
 TRAJECTORY_BACKENDS = ("native", "vllm")
 LONG_PROMPTS = ("error", "skip", "truncate")  # data.long_prompts
-DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "static", "threshold", "spot", "spiffy")
+DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "ngram", "static", "threshold", "spot",
+            "spiffy")  # fmt: skip
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
 ENGINES = ("auto", "eager", "static", "graphs")  # decoder.engine
@@ -355,6 +356,8 @@ class DecoderConfig:
     drafter_temperature: float = 1.5
     argmax_chain: bool = True  # chain 0 is the drafter's argmax; False: all K chains i.i.d. from q (SpecDiff-2)
     top_k: int | None = 64  # the drafter samples among its k most likely tokens; null: among all of them
+    ngram_max: int = 4  # decoder=ngram: the longest context suffix looked up (decoding/ngram.py)
+    ngram_min: int = 2  # and the shortest
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
     # KV caches and forwards (ENGINES): auto = a static cache on one GPU (CUDA graphs once checked on a GPU:
@@ -434,13 +437,14 @@ class EvaluateStage(StageConfig):
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
     max_new_tokens: int = 64
     batch_size: int = 1
-    # Empty: discovered (vanilla, ar_draft, the base diffusion drafter, every complete distill run of this
+    # Empty: discovered (vanilla, ngram, ar_draft, the base diffusion drafter, every complete distill run of this
     # experiment, and the block-diffusion decoders whose artifacts exist).
     methods: list[EvalMethodConfig] = field(default_factory=list)
     # Fig. 5: diffusion_draft on the best distilled drafter (or the base one) over K x drafter temperature.
     k_grid: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
     drafter_temperature_grid: list[float] = field(default_factory=lambda: [0.1, 1.0, 1.5, 2.0])
     grid_temperature: float = 0.0  # verifier temperature of the Fig. 5 grid
+    ngram: bool = True  # add the training-free prompt-lookup row (decoder=ngram) every trained drafter must beat
     block: bool = True  # add static / threshold / spiffy / spot rows when their artifacts exist
     threads: int = 1  # torch threads per evaluation process (wall-clock numbers on a shared machine)
     figures: bool = True

@@ -417,6 +417,12 @@ def _decoder(cfg: DictConfig) -> None:
         _at_least(cfg, f"decoder.{key}", 1)
     for key in ("temperature", "drafter_temperature"):
         _at_least(cfg, f"decoder.{key}", 0)
+    _at_least(cfg, "decoder.ngram_min", 1)
+    if cfg.decoder.ngram_max < cfg.decoder.ngram_min:
+        raise ConfigError(
+            f"decoder.ngram_max={cfg.decoder.ngram_max} is below decoder.ngram_min={cfg.decoder.ngram_min}: ngram "
+            "looks up suffixes of ngram_max tokens down to ngram_min; e.g. decoder.ngram_min=2 decoder.ngram_max=4"
+        )
     top_k = cfg.decoder.top_k
     if top_k is not None and top_k < 1:  # 0 once meant "no limit" without saying so; a k of 0 keeps no token
         raise ConfigError(

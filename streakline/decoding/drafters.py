@@ -1,7 +1,8 @@
 """Drafters: what proposes the draft tokens a speculative decoder verifies (docs/algorithms.md sections 1 and 3).
 
-Three kinds, registered in ``DRAFTERS`` (how each kind drafts; ``registry.DECODER_SPECS`` names one for each drafted
-speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``, ``dflash_draft`` -> ``dflash``).
+Three kinds of model, registered in ``DRAFTERS`` (how each kind drafts; ``registry.DECODER_SPECS`` names one for each
+drafted speculative decoder: ``ar_draft`` -> ``ar``, ``diffusion_draft`` -> ``diffusion``, ``dflash_draft`` ->
+``dflash``), and one without a model (``registry.MODEL_FREE_DRAFTERS``: ``ngram`` -> ``ngram``).
 The stages know the same kinds by the same names as ``pipelines/common/kinds.DRAFTER_KINDS``, whose entries also say
 how each is built, trained and exported:
 
@@ -18,7 +19,10 @@ how each is built, trained and exported:
   cached context of the verifier's own layer states, which ``speculative.generate`` hands it (``feature_layers``,
   ``propose(..., features=, feature_valid=)``); K chains as for ``diffusion``.
 
-Both speak the same protocol to the decoding loop in ``speculative.py``:
+- ``ngram``: no model: prompt lookup, the tokens that followed the latest earlier occurrence of the context's last
+  n tokens (``ngram.py``), one chain, a one-hot q; the training-free baseline every trained drafter must beat.
+
+All speak the same protocol to the decoding loop in ``speculative.py``:
 
     drafter.reset(batch_size, capacity, engine="auto")      # engine: models/kv_cache.py ENGINES
     proposal = drafter.propose(new_ids, new_valid, gamma=8, K=4, generator=g, iid=False)  # -> Proposal
@@ -39,8 +43,6 @@ Tests: ``python -m pytest tests/decoding/test_drafters.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from streakline.models import KVCache, Transformer
@@ -48,16 +50,11 @@ from streakline.models.dflash import DFlashModel, block_inputs
 from streakline.models.kv_cache import resolve_engine
 from streakline.models.masks import default_positions
 
+from .proposal import Proposal
+
 # A full-attention drafter re-reads its whole context every cycle; on the static/graphs engines the context is
 # left-padded to a multiple of this, so the forward's shape (and its CUDA graph) changes once every this many tokens.
 CONTEXT_BUCKET = 64
-
-
-@dataclass
-class Proposal:
-    tokens: torch.Tensor  # [B, K, G] draft token ids (verifier vocabulary)
-    q: torch.Tensor | None  # [B, G, V] the distribution every chain's slot j was drawn from (None if not needed)
-    forwards: int  # drafter forwards this proposal cost
 
 
 def draft_distribution(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
@@ -284,4 +281,5 @@ class DFlashDrafter(_CachedDrafter):
 
 
 # drafter kind -> class; registry.SPECULATIVE maps each speculative decoder to one of these (vanilla: none)
+# (the model-free ngram drafter is registry.MODEL_FREE_DRAFTERS')
 DRAFTERS = {"ar": ARDrafter, "diffusion": DiffusionDrafter, "dflash": DFlashDrafter}

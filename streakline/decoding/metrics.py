@@ -40,12 +40,14 @@ class DecodeMetrics:
         self.accepted_at = self.accepted_at or [0] * self.gamma
         self.chosen = self.chosen or [0] * self.K
 
-    def record_cycle(self, accepted: int, chosen: int = 0) -> None:
-        """One row's verification: ``accepted`` of chain ``chosen``'s gamma draft tokens survived."""
+    def record_cycle(self, accepted: int, chosen: int = 0, drafted: int | None = None) -> None:
+        """One row's verification: ``accepted`` of chain ``chosen``'s ``drafted`` draft tokens (None: gamma)
+        survived. A slot past what was drafted is not reached (a short ngram draft)."""
         self.cycles += 1
         self.chosen[chosen] += 1
         self.accepted += accepted
-        for j in range(min(accepted + 1, self.gamma)):
+        width = self.gamma if drafted is None else min(drafted, self.gamma)
+        for j in range(min(accepted + 1, width)):
             self.reached_at[j] += 1
             if j < accepted:
                 self.accepted_at[j] += 1

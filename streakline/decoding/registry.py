@@ -13,13 +13,14 @@ runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_deco
 | ``ar_draft`` | a causal drafter proposes gamma tokens autoregressively | verifier + drafter |
 | ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
 | ``dflash_draft`` | a DFlash block drafted from the verifier's layer states, K chains | verifier + DFlash drafter |
+| ``ngram`` | prompt lookup: what followed the context's last n tokens earlier, no model (``ngram.py``) | verifier |
 | ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
 | ``spot`` / ``spiffy`` | a drafted tree / graph of block states, verified in one batched forward | target + artifact |
 
 ``DECODER_SPECS`` is the one table of decoders; everything else here is derived from it:
 
 - ``SPECULATIVE``: the ``speculative`` family (``speculative.generate``), name -> drafter class (``None``: vanilla),
-  the class looked up by the spec's ``drafter`` kind in ``drafters.DRAFTERS``;
+  the class looked up by the spec's ``drafter`` kind in ``drafters.DRAFTERS`` (a model's) or ``MODEL_FREE_DRAFTERS``;
 - ``BLOCK``: the draft-free block decoders, which are also ``block_rules.COMMIT_RULES``;
   ``BLOCK_DRAFTED``: the block decoders that take a drafter (``block_drafter``);
 - ``REFERENCE``: family -> the decoder its speedups are measured against (the family's first reference decoder);
@@ -39,9 +40,13 @@ from streakline.models.dflash import DFlashModel
 
 from .block_diffusion import BlockDecodeConfig
 from .drafters import DRAFTERS, ARDrafter, DFlashDrafter, DiffusionDrafter
+from .ngram import NgramDrafter
 from .speculative import SpecConfig
 
 DECODER_FAMILIES = ("speculative", "block")
+# drafters that run no model: built from the decoder settings alone (no drafter role, checkpoint or training)
+MODEL_FREE_DRAFTERS = {"ngram": NgramDrafter}
+_DRAFTER_CLASSES = {**DRAFTERS, **MODEL_FREE_DRAFTERS}
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class DecoderSpec:
     drafted: bool  # a drafter proposes what the model verifies (a drafter model, or a spot / spiffy artifact)
     reference: bool  # draft-free: the baseline its family's drafted decoders are measured against
     needs: str  # what it runs on, as in the module docstring's table
-    drafter: str | None = None  # speculative drafted decoders: the drafter kind, a key of drafters.DRAFTERS
+    drafter: str | None = None  # speculative drafted decoders: the drafter kind (DRAFTERS or MODEL_FREE_DRAFTERS)
 
     def __post_init__(self) -> None:
         if self.family not in DECODER_FAMILIES:
@@ -63,8 +68,10 @@ class DecoderSpec:
         # exactly the speculative drafted decoders name a drafter kind
         if (self.drafter is not None) != (self.drafted and self.family == "speculative"):
             raise ValueError(f"decoder {self.name}: drafter={self.drafter!r} does not fit family={self.family}")
-        if self.drafter is not None and self.drafter not in DRAFTERS:
-            raise ValueError(f"decoder {self.name}: unknown drafter kind {self.drafter!r}; valid: {list(DRAFTERS)}")
+        if self.drafter is not None and self.drafter not in _DRAFTER_CLASSES:
+            raise ValueError(
+                f"decoder {self.name}: unknown drafter kind {self.drafter!r}; valid: {list(_DRAFTER_CLASSES)}"
+            )
 
 
 DECODER_SPECS: dict[str, DecoderSpec] = {
@@ -74,6 +81,7 @@ DECODER_SPECS: dict[str, DecoderSpec] = {
         DecoderSpec("ar_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="ar"),
         DecoderSpec("diffusion_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="diffusion"),  # noqa: E501
         DecoderSpec("dflash_draft", "speculative", drafted=True, reference=False, needs="verifier + DFlash drafter", drafter="dflash"),  # noqa: E501
+        DecoderSpec("ngram", "speculative", drafted=True, reference=False, needs="verifier", drafter="ngram"),
         DecoderSpec("static", "block", drafted=False, reference=True, needs="target"),
         DecoderSpec("threshold", "block", drafted=False, reference=True, needs="target"),
         DecoderSpec("spot", "block", drafted=True, reference=False, needs="target + artifact"),
@@ -81,8 +89,8 @@ DECODER_SPECS: dict[str, DecoderSpec] = {
     )
 }  # fmt: skip
 
-SPECULATIVE: dict[str, type[ARDrafter] | type[DiffusionDrafter] | type[DFlashDrafter] | None] = {
-    s.name: DRAFTERS[s.drafter] if s.drafter is not None else None
+SPECULATIVE: dict[str, type[ARDrafter] | type[DiffusionDrafter] | type[DFlashDrafter] | type[NgramDrafter] | None] = {
+    s.name: _DRAFTER_CLASSES[s.drafter] if s.drafter is not None else None
     for s in DECODER_SPECS.values()
     if s.family == "speculative"
 }
@@ -94,6 +102,12 @@ REFERENCE: dict[str, str] = {
     family: next(s.name for s in DECODER_SPECS.values() if s.family == family and s.reference)
     for family in DECODER_FAMILIES
 }
+
+
+def needs_drafter_model(name: str) -> bool:
+    """Whether decoder ``name`` drafts with a drafter model (the drafter role): not vanilla, ngram, a block one."""
+    kind = SPECULATIVE.get(name)
+    return kind is not None and kind not in MODEL_FREE_DRAFTERS.values()
 
 
 def decoder_family(name: str) -> str:
@@ -148,7 +162,14 @@ def speculative_setup(
     if name == "ar_draft" and decoder.K > 1:
         raise ValueError(f"ar_draft proposes one chain per cycle; got decoder.K={decoder.K} (use diffusion_draft)")
     drafter = None
-    if kind is not None:
+    if kind is NgramDrafter:
+        if decoder.K > 1:
+            raise ValueError(f"ngram proposes one chain per cycle; got decoder.K={decoder.K}")
+        if verifier is None:
+            raise ValueError("decoder=ngram needs the verifier (its vocabulary sizes the one-hot q): pass verifier=")
+        vocab = verifier.output_weight.shape[0]
+        drafter = NgramDrafter(n_max=decoder.ngram_max, n_min=decoder.ngram_min, vocab_size=vocab)
+    elif kind is not None:
         if drafter_model is None:
             raise ValueError(f"decoder={name} needs a drafter model")
         _check_pairing(name, kind, drafter_model)

@@ -2,7 +2,8 @@
 
 Every number this project reports goes through ``generate``. A cycle of the loop is
 
-    draft    the drafter proposes K chains of G tokens after the pending token (vanilla: nothing, G = 0)
+    draft    the drafter proposes K chains of G tokens after the pending token (vanilla: nothing, G = 0; the
+             model-free ngram drafter may propose fewer, down to none, when its lookup finds less)
     verify   one verifier forward over [pending, K chains] with tree attention (``tree.py``)
     accept   an acceptance rule (``acceptance.py``) picks a chain, accepts a prefix of it and draws the token that
              ends the cycle (replacement or bonus) from the logits already computed: no second verifier pass
@@ -201,7 +202,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
     new_ids, new_valid = ids, (mask.bool() if ragged else None)
     clock.lap("prefill")
 
-    tree = ChainTree(K, G, device)
+    trees = {G: ChainTree(K, G, device)}  # by draft width: a model-free drafter may draft fewer than G (ngram.py)
     rows = list(range(B))  # original index of each active row
     out: list[list[int]] = [[] for _ in range(B)]
     reasons = [""] * B
@@ -218,6 +219,10 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
             metrics.drafter_forwards += proposal.forwards
         else:
             drafts = torch.zeros(b, 1, 0, dtype=torch.long, device=device)
+        g = drafts.shape[-1]  # this cycle's width: G, or fewer when the drafter found fewer worth proposing
+        if g not in trees:
+            trees[g] = ChainTree(K, g, device)
+        tree = trees[g]
         clock.lap("draft")
 
         fwd = verifier.hidden(
@@ -255,7 +260,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
             cycle_ids, cycle_lps = lp.indices.tolist(), lp.values.tolist()
         clock.lap("accept")
 
-        if G:
+        if g:
             start = cache.length - tree.size
             n = 1 + max(accepted)
             if b == 1 and chosen[0] == 0:
@@ -269,7 +274,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
         emitted, finished = [], []
         for i, row in enumerate(rows):
             new = chains[i][: accepted[i]] + [next_tokens[i]]
-            metrics.record_cycle(accepted[i], chosen[i])
+            metrics.record_cycle(accepted[i], chosen[i], drafted=g)
             out[row].extend(new)
             if k_top:  # the token at path depth j was drawn from row j of the chosen chain
                 top_ids[row].extend(cycle_ids[i][: len(new)])

@@ -31,6 +31,7 @@ from streakline.decoding.registry import (
     block_decode_config,
     block_drafter,
     decoder_family,
+    needs_drafter_model,
     speculative_setup,
 )
 from streakline.decoding.vanilla import NEW_TOKENS_KNOB, PositionLimitError
@@ -166,7 +167,7 @@ class EvalWorker:
                 "argmax_chain": pick["argmax_chain"],
             },
         )
-        drafter_model = None if method.decoder == "vanilla" else self.model("drafter", method.drafter)
+        drafter_model = self.model("drafter", method.drafter) if needs_drafter_model(method.decoder) else None
         try:
             spec, drafter = speculative_setup(
                 decoder,

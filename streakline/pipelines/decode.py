@@ -34,7 +34,14 @@ from streakline.config import ConfigError
 from streakline.data.conversations import render_prompt
 from streakline.decoding.acceptance import get_rule
 from streakline.decoding.block_diffusion import decode_blocks
-from streakline.decoding.registry import BLOCK, BLOCK_DRAFTED, block_decode_config, block_drafter, speculative_setup
+from streakline.decoding.registry import (
+    BLOCK,
+    BLOCK_DRAFTED,
+    block_decode_config,
+    block_drafter,
+    needs_drafter_model,
+    speculative_setup,
+)
 from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import left_pad
 from streakline.models import build
@@ -53,7 +60,7 @@ class Decode(Stage):
     def uses(self, cfg: DictConfig) -> tuple[str, ...]:
         if cfg.decoder.name in BLOCK + BLOCK_DRAFTED:
             return ("target",)
-        return ("verifier",) if cfg.decoder.name == "vanilla" else ("verifier", "drafter")
+        return ("verifier", "drafter") if needs_drafter_model(cfg.decoder.name) else ("verifier",)
 
     def prepare(self, cfg: DictConfig) -> None:
         precheck_block_artifact(cfg, cfg.decoder.name)  # before a world is built that the lookup would refuse
@@ -173,7 +180,7 @@ def _decode_speculative(cfg: DictConfig, verifier, prompt, eos, tokenizer, where
     differs; a DFlash drafter is shared with the verifier instead)."""
     name = cfg.decoder.name
     drafter_model = None
-    if name != "vanilla":
+    if needs_drafter_model(name):
         dtype = frozen_dtype(cfg, "drafter")
         drafter_model = build(cfg.model.drafter, "drafter", device=where, inference=True, dtype=dtype)
     try:

@@ -7,7 +7,8 @@ losslessness checked on every run; ``results.json``, ``results.md`` and the figu
     python launch.py stage=evaluate model=tiny 'stage.methods=[{name: mine, decoder: diffusion_draft,
         drafter: /ckpt/my-drafter, K: 4}]'
 
-Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row),
+Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row), ``ngram``
+(prompt lookup, no model: the baseline a trained drafter must beat; ``stage.ngram=false`` leaves it out),
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
 unaligned: step 0 of Fig. 7), every complete ``stage=distill`` run of this experiment (labelled by its method, with
 its training steps; DFlash runs as ``dflash:<method>``, decoded with ``dflash_draft``, and ``dflash:base``, the
@@ -159,7 +160,10 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     preset = drafter_kind(cfg)
     # the preset's drafter once per kind it decodes as: ar_draft and base (step 0 of every Fig. 7 line of its kind)
     # for a transformer drafter, base for a DFlash one (which never runs as AR)
-    methods = [EvalMethod("vanilla", "vanilla"), *preset_rows(cfg)]
+    methods = [EvalMethod("vanilla", "vanilla")]
+    if ev.ngram:  # prompt lookup: the free baseline (no model, no training)
+        methods.append(EvalMethod("ngram", "ngram"))
+    methods += preset_rows(cfg)
     runs = distill_runs(cfg)
     for r in runs:  # each run's exports decode with its kind's decoder (a DFlash run's with dflash_draft)
         r["decoder"] = drafter_kind(cfg, str(Path(r["folder"]) / "drafter")).decoder

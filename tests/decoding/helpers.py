@@ -5,7 +5,8 @@
   the last context token, i.e. the verifier's own next-token logit: slot 1 is always right at temperature 0 and the
   later slots (read at mask tokens) only sometimes. Exercises acceptance, self-selection and the KV path moves.
 - ``random_drafter(seed, ...)``: an unrelated drafter, whose drafts are almost never right.
-- ``chi2_pvalue(counts, probs)``: the sampling tests' goodness-of-fit test.
+- ``chi2_pvalue(counts, probs)``: the sampling tests' goodness-of-fit test; ``sampled_pairs(model, drafter, ...)``
+  runs it on the first two tokens of a sampled decode under two acceptance rules.
 """
 
 import copy
@@ -53,3 +54,26 @@ def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     stat = (((obs - exp) ** 2) / exp)[keep].sum()
     df = int(keep.sum()) - 1
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def sampled_pairs(model: Transformer, drafter, prompt: list[int], samples: int, gamma: int = 3) -> dict:
+    """Per rule (greedy acceptance with K = 3, or K = 1 for a one-chain drafter; leviathan), the decode result and
+    the chi-square p-value of its first two tokens against the verifier's exact joint distribution of them, at T = 1
+    (``samples`` copies of ``prompt`` in one batch, each row an independent draw)."""
+    from streakline.decoding.speculative import SpecConfig, generate
+
+    V = model.config.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(model(torch.tensor([prompt]))[0, -1], -1)
+        p2 = torch.softmax(model(torch.tensor([prompt + [a] for a in range(V)]))[:, -1], -1)
+    exact = p1[:, None] * p2
+    chains = 1 if getattr(drafter, "kind", None) == "ngram" else 3
+    out = {}
+    for rule, K in (("greedy_acceptance", chains), ("leviathan", 1)):
+        cfg = SpecConfig(max_new_tokens=2, gamma=gamma, K=K, temperature=1.0, acceptance=rule, seed=3)
+        res = generate(model, [prompt] * samples, cfg, drafter=drafter)
+        counts = torch.zeros(V * V, dtype=torch.float64)
+        for t in res.tokens:
+            counts[t[0] * V + t[1]] += 1
+        out[rule] = (res, chi2_pvalue(counts, exact))
+    return out

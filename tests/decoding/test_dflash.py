@@ -11,7 +11,7 @@ from streakline.decoding.drafters import DFlashDrafter
 from streakline.decoding.speculative import SpecConfig, generate
 from streakline.models import Transformer, TransformerConfig
 from streakline.models.dflash import DFlashConfig, DFlashModel, block_inputs
-from tests.decoding.helpers import V, chi2_pvalue, verifier
+from tests.decoding.helpers import V, sampled_pairs, verifier
 
 
 def _dflash(model: Transformer, layers=(1, 2), block: int = 6, seed: int = 2, std: float = 0.1) -> DFlashModel:
@@ -88,28 +88,10 @@ V6, SAMPLES = 6, 4000  # the sampling tests: a 6-token verifier, its first two t
 SAMPLED_PROMPT = [1, 2, 3]
 
 
-def _sampled_pairs(model, drafter) -> dict:
-    """Per rule (greedy acceptance with K=3, leviathan), the decode result and the chi-square p-value of its first
-    two tokens against the verifier's exact joint distribution of them, at T=1."""
-    with torch.no_grad():
-        p1 = torch.softmax(model(torch.tensor([SAMPLED_PROMPT]))[0, -1], -1)
-        p2 = torch.softmax(model(torch.tensor([SAMPLED_PROMPT + [a] for a in range(V6)]))[:, -1], -1)
-    exact = p1[:, None] * p2
-    out = {}
-    for rule, K in (("greedy_acceptance", 3), ("leviathan", 1)):
-        cfg = SpecConfig(max_new_tokens=2, gamma=3, K=K, temperature=1.0, acceptance=rule, seed=3)
-        res = generate(model, [SAMPLED_PROMPT] * SAMPLES, cfg, drafter=drafter)
-        counts = torch.zeros(V6 * V6, dtype=torch.float64)
-        for t in res.tokens:
-            counts[t[0] * V6 + t[1]] += 1
-        out[rule] = (res, chi2_pvalue(counts, exact))
-    return out
-
-
 def test_dflash_sampling_follows_the_verifier():
     model = verifier(seed=11, vocab=V6)
     drafter = DFlashDrafter(_dflash(model, std=0.3), temperature=1.0, top_k=None)
-    for rule, (res, p) in _sampled_pairs(model, drafter).items():
+    for rule, (res, p) in sampled_pairs(model, drafter, SAMPLED_PROMPT, SAMPLES).items():
         assert res.metrics.alpha[0] > 0.1  # a 6-token vocabulary: drafts are often right
         assert p > 1e-3, rule
 
@@ -152,5 +134,5 @@ def test_a_draft_vocabulary_never_drafts_outside_it_and_stays_lossless():
     small = verifier(seed=11, vocab=V6)
     sampler = DFlashDrafter(_dflash(small, std=0.3).use_vocab(DraftVocab(torch.tensor([0, 2, 3, 4]), V6)),
                             temperature=1.0, top_k=None)  # fmt: skip
-    for rule, (_, p) in _sampled_pairs(small, sampler).items():
+    for rule, (_, p) in sampled_pairs(small, sampler, SAMPLED_PROMPT, SAMPLES).items():
         assert p > 1e-3, rule

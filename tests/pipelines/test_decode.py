@@ -30,7 +30,7 @@ def _decode(root, *overrides):
 
 def test_every_decoder_prints_text_and_a_json_line(world_root, capsys):
     lines = {}
-    for decoder in ("vanilla", "ar_draft", "diffusion_draft", "threshold"):
+    for decoder in ("vanilla", "ar_draft", "diffusion_draft", "ngram", "threshold"):
         extra = ["decoder.K=2"] if decoder == "diffusion_draft" else []
         result = _decode(world_root, f"decoder={decoder}", f"prompt={PROMPT}", *extra)
         out = capsys.readouterr().out.strip().splitlines()
@@ -42,6 +42,8 @@ def test_every_decoder_prints_text_and_a_json_line(world_root, capsys):
     # lossless at temperature 0: the speculative decoders reproduce the verifier's greedy output
     assert lines["ar_draft"]["token_ids"] == lines["vanilla"]["token_ids"]
     assert lines["diffusion_draft"]["token_ids"] == lines["vanilla"]["token_ids"]
+    assert lines["ngram"]["token_ids"] == lines["vanilla"]["token_ids"]
+    assert lines["ngram"]["drafter_forwards"] == 0  # prompt lookup runs no model
     assert lines["vanilla"]["tokens_per_verifier_call"] == 1.0
     assert len(lines["diffusion_draft"]["alpha"]) == 4  # the micro drafter's gamma
 

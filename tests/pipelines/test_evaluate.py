@@ -18,7 +18,7 @@ from streakline.world import attach_world
 METHODS = (
     "stage.methods=[{name: vanilla, decoder: vanilla}, {name: ar_draft, decoder: ar_draft},"
     " {name: base, decoder: diffusion_draft, K: 2}, {name: static, decoder: static},"
-    " {name: threshold, decoder: threshold}]"
+    " {name: threshold, decoder: threshold}, {name: ngram, decoder: ngram}]"
 )
 
 
@@ -41,7 +41,7 @@ def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
     doc = json.loads(open(evaluated.artifact).read())
     records = doc["records"]
     assert {"hardware", "versions", "experiment"} <= set(doc)
-    assert len(records) == 5 * 2 * 2
+    assert len(records) == 6 * 2 * 2
     for r in records:
         assert set(RECORD_FIELDS) <= set(r)
         assert 0 < r["reference_top_share"] <= 1 and r["degenerate"] is False  # measured, and 1.0 keeps it in
@@ -53,7 +53,9 @@ def test_results_follow_the_schema_and_every_method_is_lossless(evaluated):
     sampled = [r for r in spec if r["temperature"] > 0]
     assert sampled and all("p_value" in r["lossless_check"] for r in sampled)
     md = open(evaluated.details["markdown"]).read()
-    assert "Table 2" in md and "| base |" in md and "| threshold |" in md
+    assert "Table 2" in md and "| base |" in md and "| threshold |" in md and "| ngram |" in md
+    ngram = [r for r in records if r["decoder"] == "ngram"]
+    assert all(r["drafter_forwards"] == 0 for r in ngram) and len(ngram) == 4  # no model drafts
     assert set(evaluated.details["figures"]) == {"fig2_acceptance.png", "dllm_nfe.png"}
     for path in evaluated.details["figures"].values():
         assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
@@ -87,9 +89,11 @@ def test_discovery_lists_distill_runs_and_the_grid(micro_world, tmp_path):
     assert (curve.steps, curve.temperature, curve.curve, curve.distill_loss) == (20, 0.0, True, "streak")
     assert curve.drafter == str(run.dir / "checkpoints" / "step-000020")
     assert "streak@40" not in methods and not methods["streak"].curve and methods["streak"].temperature is None
-    assert {"vanilla", "ar_draft", "base", "streak", "grid K=1 tau=1", "grid K=2 tau=1", "static", "threshold"} <= set(
-        methods
-    )
+    assert {"vanilla", "ngram", "ar_draft", "base", "streak", "grid K=1 tau=1", "grid K=2 tau=1", "static",
+            "threshold"} <= set(methods)  # fmt: skip
+    assert methods["ngram"].decoder == "ngram" and methods["ngram"].drafter is None
+    cfg.stage.ngram = False
+    assert "ngram" not in {m.name for m in discover(cfg)}
     assert methods["streak"].steps == 40 and methods["streak"].drafter == str(run.dir / "drafter")
     assert methods["grid K=2 tau=1"].drafter == str(run.dir / "drafter")
     grid = [m for m in methods.values() if m.grid]

@@ -114,7 +114,8 @@ def bridge_tokenizers(cfg: DictConfig, drafter, verifier_tokenizer):
 
     from .kinds import DRAFTER_KINDS
 
-    if DRAFTER_KINDS[drafter.kind].tokenizer_role == "verifier":  # a DFlash drafter: the verifier's by construction
+    kind = DRAFTER_KINDS.get(drafter.kind)  # None: a model-free drafter (ngram) drafts the verifier's own tokens
+    if kind is None or kind.tokenizer_role == "verifier":  # a DFlash drafter: the verifier's by construction
         return drafter
     drafter_tokenizer = role_tokenizer(cfg, "drafter") if verifier_tokenizer is not None else None
     if drafter_tokenizer is None or tokenizer_hash(drafter_tokenizer) == tokenizer_hash(verifier_tokenizer):
