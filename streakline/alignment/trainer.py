@@ -44,6 +44,7 @@ from streakline.models import Transformer
 from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
 from .pretrain import window_noise
+from .stopping import Plateau
 from .telemetry import Telemetry, is_wall_clock, run_metadata
 from .windows import slot_rows
 
@@ -235,6 +236,10 @@ class Trainer:
         self.preempted = False
         self.sigterm_at = int(os.environ.get(FAULT_SIGTERM_AT, "0") or 0)
         self.last_export: Path | None = None
+        # trainer.patience: stop on a held-out plateau; the best check's export is the run's drafter (stopping.py)
+        patience = cfg.get("patience")
+        self.plateau = Plateau(patience, cfg.get("stop_metric", "sim_streak")) if patience else None
+        self.stopped_at: int | None = None  # the step a plateau stopped the run at (None: it ran to max_steps)
         self.telemetry = Telemetry(strategy, engine, cfg)  # alignment/telemetry.py: what fit logs beyond the loss
         self.run_info: dict[str, Any] = {}  # the run's shape (telemetry.run_metadata), set by fit on the main rank
 
@@ -277,6 +282,8 @@ class Trainer:
         random.setstate(state["py_rng"])
         step = int(state["step"])
         self.telemetry.label_tokens_seen = state.get("label_tokens")  # None: a checkpoint older than the counter
+        if self.plateau is not None:
+            self.plateau.load(state.get("plateau"))
         if self.strategy.is_main:
             self._forget_logged_after(step)  # an earlier attempt of this run may have logged steps past it
         return step
@@ -358,6 +365,7 @@ class Trainer:
                         self.tracker.log(last, step=done)
                         bar.set_postfix(progress(last), refresh=False)
                 bar.update(1)
+                verdict = None
                 if self.evaluate is not None and (done % c.eval_every == 0 or done == c.max_steps):
                     with tel.phase("eval"):
                         result = self.evaluate(done)
@@ -365,11 +373,17 @@ class Trainer:
                         self.tracker.log(result, step=done)
                         last.update(result)
                         bar.write(f"step {done}: " + summarize(result))
-                if done % c.save_every == 0 or done == c.max_steps or self.preempted:
+                    verdict = self._plateau(done, result)
+                if done % c.save_every == 0 or done == c.max_steps or self.preempted or verdict in ("best", "stop"):
                     with tel.phase("checkpoint"):
-                        self.save(done)
+                        self.save(done)  # a new best is saved (and exported) when it happens: it may be the drafter
                 if self.preempted:
                     raise Preempted(done)
+                if verdict == "stop":
+                    self.stopped_at = done
+                    bar.write(f"step {done}: no better held-out {c.stop_metric} for {c.patience} checks; stopping "
+                              f"(best {self.plateau.best:.4g} at step {self.plateau.best_step})")  # fmt: skip
+                    break
         finally:
             tel.stop()
             bar.close()
@@ -377,6 +391,10 @@ class Trainer:
                 signal.signal(sig, old)
         if start_step >= c.max_steps and self.strategy.is_main:  # resumed at the end: no step left to log
             last = self.logged_at(c.max_steps)
+        if self.plateau is not None and self.plateau.best_step is not None:
+            last = {**last, "best_step": self.plateau.best_step, f"best/{c.stop_metric}": self.plateau.best}
+            if self.stopped_at is not None:
+                last["stopped_at"] = self.stopped_at
         if not self.strategy.is_main:
             return last
         return {
@@ -384,11 +402,29 @@ class Trainer:
             **{f"run/{k}": v for k, v in self.run_info.items()},
         }
 
+    def _plateau(self, step: int, result: dict[str, Any] | None) -> str | None:
+        """The plateau's verdict on this check (None without ``trainer.patience``), the same on every rank: only the
+        main rank evaluates, and a save is collective."""
+        if self.plateau is None:
+            return None
+        verdicts = (None, "wait", "best", "stop")
+        mine = self.plateau.update(step, result) if (self.strategy.is_main and result) else None
+        return verdicts[int(self.strategy.gather([float(verdicts.index(mine))])[0][0])]
+
+    @property
+    def best_export(self) -> Path | None:
+        """The export of the best held-out check (``trainer.patience``): exports are named by their tag."""
+        if self.plateau is None or self.plateau.best_step is None or self.last_export is None:
+            return None
+        return self.last_export.parent / f"step-{self.plateau.best_step:06d}"
+
     def save(self, step: int) -> None:
         tag = f"step-{step:06d}"
         self.telemetry.fold()  # every rank: the label tokens seen so far, all ranks', go into the checkpoint
         state = {"step": step, "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
                  "label_tokens": self.telemetry.label_tokens_seen}  # fmt: skip
+        if self.plateau is not None:
+            state["plateau"] = self.plateau.state()
         self.strategy.save(self.engine, self.ds_dir, tag, state)
         kill_point(f"distill:checkpointed:{tag}")
         self._export(step, tag)
@@ -412,6 +448,8 @@ class Trainer:
                 print(f"distill: kept the last {c.keep_last} checkpoints; removed {', '.join(removed)}")
         if c.keep_exports is not None and self.last_export is not None:
             keep = {self.last_export.name, Path(exported.get("path", self.last_export)).name}
+            if self.best_export is not None:
+                keep.add(self.best_export.name)
             removed = _remove_oldest(self.last_export.parent, c.keep_exports, self.last_export.name, keep)
             if removed:
                 names = ", ".join(f"{self.last_export.parent.name}/{r}" for r in removed)

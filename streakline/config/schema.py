@@ -326,6 +326,14 @@ class TrainerConfig:
     init_from: str | None = None
     eval_every: int = 500
     log_every: int = 10
+    # How much a run sees (alignment/stopping.py, docs/alignment.md): only the trajectories' first rows holding this
+    # many completion tokens (nested: a larger value's rows hold a smaller one's); None: every row
+    train_tokens: int | None = None
+    max_epochs: float | None = None  # stop after this many passes over the examples (max_steps stays the cap)
+    # stop once this many held-out checks in a row bring no new best of stop_metric (SCALING_METRICS, the mean over
+    # eval_sources); the best check's export is then the run's drafter. None: run to the end
+    patience: int | None = None
+    stop_metric: str = "sim_streak"
     eval_sources: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])  # held-out prompts
     eval_prompts: int = 16  # per source, for the simulated streak and the decoder check
     windows_per_seq: int = 8  # windows packed per trajectory (prefix_causal drafters)

@@ -34,6 +34,7 @@ from streakline.config.schema import (
     LOSSES,
     PRECISIONS,
     ROLES,
+    SCALING_METRICS,
     SELECTIONS,
     STAGE_SCHEMAS,
     STAGES,
@@ -392,6 +393,22 @@ def _trainer(cfg: DictConfig) -> None:
         "stride",
     ):  # fmt: skip
         _at_least(cfg, f"trainer.{key}", 1)
+    _at_least(cfg, "trainer.train_tokens", 1, optional=True)
+    if cfg.trainer.max_epochs is not None:
+        _positive(cfg, "trainer.max_epochs")
+    _at_least(cfg, "trainer.patience", 1, optional=True)
+    _choice(cfg, "trainer.stop_metric", SCALING_METRICS)
+    if cfg.trainer.patience is not None and (cfg.trainer.eval_prompts < 1 or not cfg.trainer.eval_sources):
+        raise ConfigError(
+            f"trainer.patience={cfg.trainer.patience} stops on the held-out check, which trainer.eval_prompts="
+            f"{cfg.trainer.eval_prompts} / eval_sources={list(cfg.trainer.eval_sources)} turn off: give both (e.g. "
+            "trainer.eval_prompts=16), or trainer.patience=null"
+        )
+    if cfg.trainer.patience is not None and cfg.trainer.zero_stage == 3:
+        raise ConfigError(
+            "trainer.patience needs the held-out check of the live weights, which ZeRO-3 shards (it checks each "
+            "export instead): use trainer=zero2, or trainer.patience=null"
+        )
     _at_least(cfg, "trainer.eval_prompts", 0)
     _at_least(cfg, "trainer.keep_last", 1, optional=True)
     _at_least(cfg, "trainer.keep_exports", 1, optional=True)

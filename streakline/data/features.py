@@ -172,6 +172,21 @@ class StoredFeatures:
         return self._open[shard].get_tensor(f"row-{i - int(self._starts[shard]):06d}")
 
 
+class FeatureRows:
+    """The stored features of some rows of a set (``trainer.train_tokens``' subset): row ``j`` here is row
+    ``rows[j]`` of ``features``, as the selected trajectories' row j is."""
+
+    def __init__(self, features: StoredFeatures, rows: Sequence[int]) -> None:
+        self.layers, self.hidden = features.layers, features.hidden
+        self._base, self._rows = features, [int(r) for r in rows]
+        self.rows = len(self._rows)
+
+    def row(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.rows:
+            raise IndexError(f"row {i} of {self.rows}")
+        return self._base.row(self._rows[i])
+
+
 def feature_bytes(tokens: int, layers: int, hidden: int, itemsize: int = 2) -> int:
     """Bytes of stored features: ``tokens x layers x hidden x itemsize`` (2 for float16); the safetensors header
     (about 100 B per row) is left out."""

@@ -49,6 +49,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.alignment.losses import TEACHER_LOSSES
+from streakline.alignment.stopping import epoch_steps
 from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, config_hash, find_complete, read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.world import attach_world
@@ -60,6 +61,7 @@ from .runner import Stage, StageResult
 
 # Cadence settings: when to log, evaluate, save and prune does not change the trained drafter, so it does not move
 # the run.
+LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "patience")  # in the key only when set
 CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
     "keep_exports", "profile", "plan_check",
@@ -145,8 +147,16 @@ class Distill(Stage):
         from .common.fingerprints import drafter_parts
 
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
+        # With a plateau stop, when and on what the held-out check runs decides which weights are the drafter
+        stopping = ("eval_every", "eval_sources", "eval_prompts") if trainer.get("patience") else ()
         for k in CADENCE:
-            trainer.pop(k, None)
+            if k not in stopping:
+                trainer.pop(k, None)
+        for k in LATER_TRAINER_DROPPED:  # added later: unset, earlier runs keep their folders
+            if trainer.get(k) is None:
+                trainer.pop(k, None)
+        if trainer.get("patience") is None:
+            trainer.pop("stop_metric", None)
         if not trainer.get("freeze_embeddings", True):  # added later: unset, earlier runs keep their folders
             del trainer["freeze_embeddings"]
         # A run extended from another starts from that checkpoint, so the checkpoint (resolved: a run folder's
@@ -193,6 +203,7 @@ class Distill(Stage):
         module, mask_id, verifier = trainee.module, trainee.mask_id, trainee.verifier
         # offline: the verifier's layer states come with each batch instead of from a verifier forward per step
         features = kind.stored_features(cfg) if method.features == "stored" else None
+        dataset, features = _subset(cfg, dataset, features)  # trainer.train_tokens: a nested subset of the rows
         windows = TrajectoryWindows(
             dataset,
             gamma=gamma,
@@ -203,6 +214,13 @@ class Distill(Stage):
             teacher=stored_teacher,
             features=features,
         )
+        per_step = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum * strategy.world_size
+        steps = epoch_steps(max_steps=cfg.trainer.max_steps, max_epochs=cfg.trainer.max_epochs, examples=len(windows),
+                            per_step=per_step)  # fmt: skip
+        if steps != cfg.trainer.max_steps:  # the schedule and the loop follow it; the key keeps the settings
+            print(f"distill: trainer.max_epochs={cfg.trainer.max_epochs:g} over {len(windows)} examples at {per_step} "
+                  f"a step: {steps} steps (trainer.max_steps={cfg.trainer.max_steps} is the cap)")  # fmt: skip
+            cfg.trainer.max_steps = steps
         engine = strategy.setup(module)
         tracker = _tracker(cfg, stage_run, enabled=strategy.is_main)
         evaluator = _evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier) if strategy.is_main else None
@@ -229,12 +247,12 @@ class Distill(Stage):
                 final = out / "drafter"
                 if final.exists():
                     shutil.rmtree(final)
-                shutil.copytree(trainer.last_export, final)
+                # with trainer.patience the best held-out check's weights, else the last
+                shutil.copytree(trainer.best_export or trainer.last_export, final)
                 stage_run.add_output("drafter")
                 stage_run.add_output("metrics.jsonl")
-                stage_run.metrics.update(
-                    {k: v for k, v in last.items() if not isinstance(v, dict)}, steps=cfg.trainer.max_steps
-                )
+                steps = trainer.stopped_at or cfg.trainer.max_steps
+                stage_run.metrics.update({k: v for k, v in last.items() if not isinstance(v, dict)}, steps=steps)
                 if planned is not None:  # the planner measured on every GPU run (docs/planning.md)
                     stage_run.metrics.update(_peak_against_plan(planned, strategy))
         finally:  # a preempted run too: W&B must close its run, or the resumed run cannot reopen the same id
@@ -391,6 +409,30 @@ def _trajectories(cfg: DictConfig, tokenizer, stored_teacher: bool):
             "make them with data.topk_logprobs=8 (stage=trajectories and this stage), or use method.teacher=online"
         )
     return dataset
+
+
+def _subset(cfg: DictConfig, dataset, features):
+    """The rows ``trainer.train_tokens`` asks for (``alignment.stopping.nested_rows``) and their stored features;
+    refused with the fix when the set holds fewer completion tokens: a point would claim data it never saw."""
+    want = cfg.trainer.get("train_tokens")
+    if want is None:
+        return dataset, features
+    import pyarrow.compute as pc
+
+    from streakline.alignment.stopping import nested_rows
+    from streakline.data.features import FeatureRows
+
+    column = dataset.select_columns(["completion_ids"]).with_format("arrow")[:]["completion_ids"]
+    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    rows, held = nested_rows(lengths, want)
+    if held < want:
+        raise ConfigError(
+            f"trainer.train_tokens={want} but these trajectories hold {held} completion tokens in {len(lengths)} "
+            "rows: make a larger set (a higher data.max_prompts, in stage=trajectories and here) or ask for fewer"
+        )
+    print(f"distill: trainer.train_tokens={want}: {len(rows)} of {len(lengths)} trajectories ({held} completion "
+          "tokens)")  # fmt: skip
+    return dataset.select(rows), (None if features is None else FeatureRows(features, rows))
 
 
 def _plan_check(cfg: DictConfig, strategy) -> int | None:

@@ -3,6 +3,7 @@ LoRA merges on export, and ZeRO-2 / ZeRO-3 on 2 CPU ranks train like one process
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from streakline.alignment.trainer import FAULT_SIGTERM_AT
 from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.config.schema import DecoderConfig
+from streakline.data.trajectories import load_trajectories
 from streakline.models import load_pretrained
 from streakline.pipelines import run_stage
 from streakline.pipelines.distill import method_key, train_temperature
@@ -203,6 +205,31 @@ def test_distillspec_with_an_online_verifier_teacher(world, onpolicy):
                    "trainer.eval_every=3")  # fmt: skip
     losses = _losses(res.folder)
     assert len(losses) == 3 and all(x > 0 for x in losses)  # a JSD between two different models is positive
+
+
+def test_a_token_subset_an_epoch_cap_and_a_plateau_stop(world, capsys):
+    """trainer.train_tokens reads a nested subset, max_epochs caps the steps, patience stops on a held-out plateau
+    and the best check's export is the drafter (alignment/stopping.py)."""
+    small = _distill(world, "distill-data", "method=streak", "trainer.train_tokens=120", "trainer.max_epochs=1",
+                     "trainer.max_steps=100", "trainer.save_every=100")  # fmt: skip
+    out = capsys.readouterr().out
+    rows = int(re.search(r"trainer.train_tokens=120: (\d+) of 16 trajectories", out)[1])
+    assert 1 <= rows < 16
+    manifest = read_manifest(small.folder)
+    steps, examples = manifest.metrics["steps"], manifest.metrics["run/dataset_examples"]
+    assert steps == -(-examples // 2) and steps < 100  # one pass at 2 examples a step
+    run = _distill(world, "distill-data", "method=streak", "trainer.max_steps=40", "trainer.eval_every=1",
+                   "trainer.patience=2", "trainer.save_every=100")  # fmt: skip
+    m = read_manifest(run.folder).metrics
+    assert m["stopped_at"] < 40 and m["steps"] == m["stopped_at"]  # a plateau on 2 held-out prompts, checked every step
+    assert m["stopped_at"] - m["best_step"] == 2  # two checks in a row without a new best
+    best = Path(run.folder) / "checkpoints" / f"step-{m['best_step']:06d}"
+    assert _weights(best).keys() == _weights(run.artifact).keys()
+    assert all(torch.equal(a, _weights(run.artifact)[k]) for k, a in _weights(best).items())
+    assert run.folder != small.folder
+    total = sum(len(r) for r in load_trajectories(manifest.config["trajectories"])["completion_ids"])
+    with pytest.raises(ConfigError, match=f"hold {total} completion tokens.*a higher data.max_prompts"):
+        _distill(world, "distill-data", "method=streak", f"trainer.train_tokens={total + 1}")
 
 
 def test_missing_trajectories_are_refused(world):

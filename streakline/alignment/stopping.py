@@ -1,0 +1,89 @@
+"""When a distill run has seen enough: a cap in epochs and a stop on a held-out plateau (docs/alignment.md).
+
+A data-scaling point has to measure what that much data buys, not how many steps fit in a budget. So a run can
+(``trainer`` settings):
+
+- read only part of its trajectories (``train_tokens``): the rows of a seeded sample whose completions hold that
+  many tokens; a larger value's rows hold every row of a smaller one (nested subsets, ``nested_rows``);
+- stop after ``max_epochs`` passes over its examples (``max_steps`` stays the cap above it, and sets the schedule);
+- stop when the held-out check has not improved for ``patience`` checks in a row. The value watched is the mean over
+  the held-out sources of ``eval/<source>/<stop_metric>``; the run's ``drafter/`` is then the export of the best
+  check, which is saved when it happens.
+
+    rows, tokens = nested_rows(completion_lengths, 30_000)        # the rows of a 30k-token subset
+    steps = epoch_steps(max_steps=2000, max_epochs=3, examples=len(windows), per_step=batch * accum * ranks)
+    stop = Plateau(patience=3, metric="sim_streak")
+    verdict = stop.update(step, result)                           # "best", "wait" or "stop"
+
+Tests: ``python -m pytest tests/alignment/test_stopping.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+SUBSET_SEED = 0  # the one permutation every train_tokens subset is cut from
+
+
+def nested_rows(completion_lengths: np.ndarray, tokens: int, seed: int = SUBSET_SEED) -> tuple[np.ndarray, int]:
+    """``(rows, tokens held)``: the rows of a trajectory set that a run with ``trainer.train_tokens=tokens`` reads,
+    in the set's order. They are the first rows of one seeded permutation of the whole set (the same for every run
+    and every size) whose completion lengths sum to at least ``tokens``, so a larger size's rows hold every row of a
+    smaller one, and every size mixes the sources as the whole set does (the set itself lists them source by
+    source). Every row when the whole set holds fewer tokens; the caller says so."""
+    if tokens < 1:
+        raise ValueError(f"trainer.train_tokens={tokens} must be at least 1")
+    lengths = np.asarray(completion_lengths, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    total = np.cumsum(lengths[order])
+    n = min(int(np.searchsorted(total, tokens)) + 1, len(order))  # the first count at which the sum reaches tokens
+    return np.sort(order[:n]), int(total[n - 1]) if n else 0
+
+
+def epoch_steps(*, max_steps: int, max_epochs: float | None, examples: int, per_step: int) -> int:
+    """Optimizer steps for ``max_epochs`` passes over ``examples`` at ``per_step`` examples a step (at least one),
+    capped at ``max_steps``; ``max_steps`` itself without an epoch cap."""
+    if max_epochs is None:
+        return max_steps
+    return max(1, min(max_steps, math.ceil(max_epochs * examples / per_step)))
+
+
+def heldout_value(result: dict[str, Any], metric: str) -> float | None:
+    """The mean over held-out sources of ``eval/<source>/<metric>`` in a check's result (None without any)."""
+    values = [float(v) for k, v in result.items() if k.startswith("eval/") and k.endswith(f"/{metric}")
+              and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]  # fmt: skip
+    return sum(values) / len(values) if values else None
+
+
+class Plateau:
+    """Counts held-out checks since the best one. ``update`` says ``best`` (a new best: keep this step's weights),
+    ``wait`` or ``stop`` (``patience`` checks in a row without a new best). A check without the metric is a
+    ``wait`` that does not count. Its state goes into checkpoints, so a resumed run keeps counting."""
+
+    def __init__(self, patience: int, metric: str) -> None:
+        if patience < 1:
+            raise ValueError(f"trainer.patience={patience} must be at least 1 (null: no early stop)")
+        self.patience, self.metric = patience, metric
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.since = 0
+
+    def update(self, step: int, result: dict[str, Any]) -> str:
+        value = heldout_value(result, self.metric)
+        if value is None:
+            return "wait"
+        if self.best is None or value > self.best:
+            self.best, self.best_step, self.since = value, step, 0
+            return "best"
+        self.since += 1
+        return "stop" if self.since >= self.patience else "wait"
+
+    def state(self) -> dict[str, Any]:
+        return {"best": self.best, "best_step": self.best_step, "since": self.since}
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self.best, self.best_step, self.since = state["best"], state["best_step"], state["since"]

@@ -1,0 +1,49 @@
+"""alignment/stopping.py: nested token subsets, the epoch cap and the plateau stop, on hand-made numbers."""
+
+import numpy as np
+import pytest
+
+from streakline.alignment.stopping import Plateau, epoch_steps, heldout_value, nested_rows
+
+
+def test_nested_rows_are_nested_mixed_and_hold_the_tokens():
+    # a set listed source by source: 50 short rows of one source, then 50 long rows of another
+    lengths = np.array([10] * 50 + [30] * 50)
+    small, held_small = nested_rows(lengths, 200)
+    large, held_large = nested_rows(lengths, 1000)
+    assert set(small) <= set(large)  # a larger size sees every row of a smaller one
+    assert held_small >= 200 and held_small - lengths[small].max() < 200  # the fewest rows that reach the size
+    assert held_large == lengths[large].sum() and held_small == lengths[small].sum()
+    assert (small < 50).any() and (large >= 50).any() and (large < 50).any()  # both sources, not a prefix
+    assert list(small) == sorted(small)  # in the set's order
+    rows, held = nested_rows(lengths, 10**9)  # more than the set holds: every row, and the caller refuses
+    assert len(rows) == 100 and held == lengths.sum()
+    assert np.array_equal(nested_rows(lengths, 200)[0], small)  # the same permutation every time
+    with pytest.raises(ValueError, match="at least 1"):
+        nested_rows(lengths, 0)
+
+
+def test_epoch_steps_caps_at_max_steps():
+    assert epoch_steps(max_steps=1000, max_epochs=None, examples=50, per_step=8) == 1000
+    assert epoch_steps(max_steps=1000, max_epochs=2, examples=50, per_step=8) == 13  # ceil(100 / 8)
+    assert epoch_steps(max_steps=10, max_epochs=2, examples=50, per_step=8) == 10
+    assert epoch_steps(max_steps=10, max_epochs=0.01, examples=5, per_step=8) == 1
+
+
+def test_plateau_stops_after_patience_checks_without_a_new_best():
+    stop = Plateau(patience=2, metric="sim_streak")
+    check = lambda a, b: {"eval/x/sim_streak": a, "eval/y/sim_streak": b, "eval/x/soft_streak": 9.0}  # noqa: E731
+    assert heldout_value(check(1.0, 2.0), "sim_streak") == 1.5 and heldout_value({}, "sim_streak") is None
+    assert [stop.update(s, check(*v)) for s, v in ((10, (1, 1)), (20, (1, 2)), (30, (1, 1)), (40, (2, 1)))] == [
+        "best",
+        "best",
+        "wait",
+        "stop",
+    ]  # fmt: skip  (an equal value is no improvement)
+    assert (stop.best, stop.best_step) == (1.5, 20)
+    assert stop.update(50, {"loss": 1.0}) == "wait"  # a check without the metric does not count
+    again = Plateau(patience=2, metric="sim_streak")
+    again.load(stop.state())
+    assert again.state() == stop.state()
+    with pytest.raises(ValueError, match="at least 1"):
+        Plateau(patience=0, metric="sim_streak")
