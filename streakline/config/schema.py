@@ -330,6 +330,7 @@ class TrainerConfig:
     # many completion tokens (nested: a larger value's rows hold a smaller one's); None: every row
     train_tokens: int | None = None
     max_epochs: float | None = None  # stop after this many passes over the examples (max_steps stays the cap)
+    checks_per_epoch: int | None = None  # held-out checks per pass over the examples (sets eval_every)
     # stop once this many held-out checks in a row bring no new best of stop_metric (SCALING_METRICS, the mean over
     # eval_sources); the best check's export is then the run's drafter. None: run to the end
     patience: int | None = None
@@ -551,7 +552,7 @@ class ScalingStage(StageConfig):
     """stage=scaling (experiment=scaling): distill throughput against world size, and the held-out accepted streak
     against training tokens per loss, with a power-law fit each (docs/scaling.md)."""
 
-    # throughput: one distill run per world size, the same global batch split evenly over its ranks
+    # throughput: one distill run per world size, the same global batch split evenly over its ranks; [] skips it
     world_sizes: list[int] = field(default_factory=lambda: [1, 2, 4])
     # torchrun: start each missing run's ranks on this machine (gloo on CPU, NCCL on its GPUs); external: start
     # nothing, write the srun commands that make the missing runs and stop until they exist (a Slurm cluster)
@@ -567,6 +568,11 @@ class ScalingStage(StageConfig):
     methods: list[str] = field(default_factory=lambda: ["ce_streak", "distillspec"])
     data_sizes: list[int] = field(default_factory=lambda: [32, 64, 128])  # data.max_prompts of each trajectory set
     metric: str = "decoder_streak"  # SCALING_METRICS: the held-out value fitted (eval/<source>/<metric>)
+    # Data scaling instead (non-empty: replaces data_sizes): one trajectory set (data.max_prompts), read by each run
+    # as a nested subset of this many completion tokens (trainer.train_tokens); one point per run, its best check
+    token_sizes: list[int] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)  # token_sizes: more seeds at the smallest and the largest size
+    run_overrides: list[str] = field(default_factory=list)  # given to every acceptance run, e.g. model.drafter=...
 
 
 @dataclass

@@ -397,6 +397,7 @@ def _trainer(cfg: DictConfig) -> None:
     if cfg.trainer.max_epochs is not None:
         _positive(cfg, "trainer.max_epochs")
     _at_least(cfg, "trainer.patience", 1, optional=True)
+    _at_least(cfg, "trainer.checks_per_epoch", 1, optional=True)
     _choice(cfg, "trainer.stop_metric", SCALING_METRICS)
     if cfg.trainer.patience is not None and (cfg.trainer.eval_prompts < 1 or not cfg.trainer.eval_sources):
         raise ConfigError(

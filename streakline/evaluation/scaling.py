@@ -67,6 +67,8 @@ def add_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sort throughput rows (``world_size``, ``label_tokens_per_s``) by world size and add ``per_rank`` and
     ``efficiency`` to each, in place; returns the rows."""
     rows.sort(key=lambda r: r["world_size"])
+    if not rows:  # no throughput part (stage.world_sizes=[])
+        return rows
     effs = efficiency([r["world_size"] for r in rows], [r[RATE_KEY] for r in rows])
     for r, e in zip(rows, effs, strict=True):
         r["per_rank"] = r[RATE_KEY] / r["world_size"]
@@ -182,13 +184,20 @@ def throughput_figure(rows: Sequence[dict[str, Any]], path: str | Path) -> Path 
 
 
 def acceptance_figure(
-    points: dict[str, list[dict[str, Any]]], fits: dict[str, PowerLaw | None], path: str | Path, metric: str
+    points: dict[str, list[dict[str, Any]]],
+    fits: dict[str, PowerLaw | None],
+    path: str | Path,
+    metric: str,
+    *,
+    by_tokens: bool = False,
 ) -> Path | None:
     """The held-out ``metric`` against label tokens seen (log x), one colour per loss, one marker per data size
-    (``points[loss]`` entries carry ``data_size``), and each loss's fitted power law with its exponent."""
+    (``points[loss]`` entries carry ``data_size``), and each loss's fitted power law with its exponent.
+    ``by_tokens``: each point is one run on a subset of that many training tokens (``stage.token_sizes``), so x is
+    the subset's size and the markers say nothing more."""
     if not any(points.values()):
         return None
-    markers = "osD^vP*X"
+    markers = "o" if by_tokens else "osD^vP*X"
     sizes = sorted({p["data_size"] for pts in points.values() for p in pts})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (loss, pts) in enumerate(points.items()):
@@ -206,11 +215,11 @@ def acceptance_figure(
             ax.plot(grid, [fit(x) for x in grid], color=color, lw=1.5, label=label)
         else:
             ax.plot([], [], color=color, label=f"{label} (no fit)")
-    for j, size in enumerate(sizes):  # the marker legend: data sizes, in black
+    for j, size in enumerate([] if by_tokens else sizes):  # the marker legend: data sizes, in black
         ax.scatter([], [], color="black", marker=markers[j % len(markers)], s=28, label=f"{size} prompts")
     ax.set_xscale("log")
-    ax.set(xlabel="label tokens seen (log)", ylabel=f"held-out {metric}",
-           title="Mean accepted streak against training tokens")  # fmt: skip
+    xlabel = "training tokens (the subset's completion tokens, log)" if by_tokens else "label tokens seen (log)"
+    ax.set(xlabel=xlabel, ylabel=f"held-out {metric}", title="Mean accepted streak against training tokens")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -229,7 +238,27 @@ def write_report(path: str | Path, summary: dict[str, Any]) -> Path:
 
     s = summary["setup"]
     lines = [f"# Scaling: experiment {s['experiment']}, model={s['model']}", ""]
-    lines += [
+    if summary["throughput"]:
+        lines += _throughput_lines(summary)
+    by_tokens = bool(s.get("token_sizes"))
+    lines += _acceptance_lines(summary, by_tokens)
+    path = Path(path)
+    with atomic_file(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def tokens_to_reach(fit: dict[str, Any] | None, value: float) -> float | None:
+    """The training tokens at which a fitted power law (``PowerLaw.as_dict``) reaches ``value``: ``(value / a) **
+    (1 / b)``; None without a fit or with a flat or falling one (it never gets there)."""
+    if fit is None or fit["exponent"] <= 0 or fit["a"] <= 0:
+        return None
+    return (value / fit["a"]) ** (1 / fit["exponent"])
+
+
+def _throughput_lines(summary: dict[str, Any]) -> list[str]:
+    s = summary["setup"]
+    lines = [
         "## Throughput against world size",
         "",
         f"`{s['throughput_method']}` distill runs of {s['throughput_steps']} steps under ZeRO-{s['zero_stage']}, "
@@ -248,36 +277,52 @@ def write_report(path: str | Path, summary: dict[str, Any]) -> Path:
     figures = summary.get("figures", {})
     if "throughput" in figures:
         lines += ["", f"![throughput per rank and scaling efficiency]({Path(figures['throughput']).name})"]
-    metric = summary["metric"]
-    lines += [
-        "",
-        "## Accepted streak against training tokens",
-        "",
-        f"Held-out `{metric}` of distill runs of {s['steps']} steps (a check every {s['eval_every']} steps) per loss "
-        f"and data size (prompts of the trajectories), against the label tokens seen at the check. Fit: "
-        f"`{metric} = a * tokens^b`, least squares in log-log over every point of the loss.",
-        "",
-        "| loss | a | exponent b | R^2 (log) | points | left out (<= 0) |",
-        "|---|---|---|---|---|---|",
-    ]
+    return lines + [""]
+
+
+def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
+    s, metric, figures = summary["setup"], summary["metric"], summary.get("figures", {})
+    if by_tokens:
+        extra = " ".join(s.get("run_overrides") or []) or "none"
+        text = (
+            f"Held-out `{metric}` of one distill run per loss and training-data size: a nested subset of one "
+            f"trajectory set holding that many completion tokens (`trainer.train_tokens`; a larger subset holds "
+            f"every row of a smaller one), at most {s['steps']} steps, each run's best held-out check (with "
+            f"`trainer.patience`, where it stopped improving; else its last). Seeds {s['seeds']} at the smallest and "
+            f"largest size. Overrides of every run: `{extra}`. Fit: `{metric} = a * tokens^b`, least squares in "
+            "log-log over every point of the loss; the last columns read the fit at 2 and 3."
+        )
+    else:
+        text = (
+            f"Held-out `{metric}` of distill runs of {s['steps']} steps (a check every {s['eval_every']} steps) per "
+            "loss and data size (prompts of the trajectories), against the label tokens seen at the check. Fit: "
+            f"`{metric} = a * tokens^b`, least squares in log-log over every point of the loss."
+        )
+    reach = " tokens for 2 | tokens for 3 |" if by_tokens else ""
+    lines = ["## Accepted streak against training tokens", "", text, "",
+             f"| loss | a | exponent b | R^2 (log) | points | left out (<= 0) |{reach}",
+             "|---|---|---|---|---|---|" + ("---|---|" if by_tokens else "")]  # fmt: skip
     for loss, fit in summary["fits"].items():
         if fit is None:
-            lines.append(f"| {loss} | - | - | - | - | (fewer than two distinct token counts: no fit) |")
-        else:
-            r2 = "- (every point equal)" if fit["r2"] is None else _f(fit["r2"], ".2f")  # flat: saturated or stuck
-            lines.append(
-                f"| {loss} | {_f(fit['a'])} | {_f(fit['exponent'], '.3f')} | {r2} | {fit['points']} | "
-                f"{fit['dropped']} |"
-            )
+            lines.append(f"| {loss} | - | - | - | - | (fewer than two distinct token counts: no fit) |"
+                         + (" - | - |" if by_tokens else ""))  # fmt: skip
+            continue
+        r2 = "- (every point equal)" if fit["r2"] is None else _f(fit["r2"], ".2f")  # flat: saturated or stuck
+        row = f"| {loss} | {_f(fit['a'])} | {_f(fit['exponent'], '.3f')} | {r2} | {fit['points']} | {fit['dropped']} |"
+        if by_tokens:
+            row += "".join(f" {_f(tokens_to_reach(fit, v), '.3g')} |" for v in (2.0, 3.0))
+        lines.append(row)
     if "acceptance" in figures:
         lines += ["", f"![accepted streak against training tokens]({Path(figures['acceptance']).name})"]
+    if by_tokens:
+        lines += ["", f"| loss | training tokens | seed | steps | {metric} |", "|---|---|---|---|---|"]
+        lines += [f"| {p['method']} | {p['data_size']} | {p['seed']} | {p['step']} | {_f(p['value'], '.3f')} |"
+                  for p in summary["acceptance"]]  # fmt: skip
+        return lines
     lines += ["", "| loss | prompts | step | label tokens | " + metric + " |", "|---|---|---|---|---|"]
     for p in summary["acceptance"]:
         lines.append(
             f"| {p['method']} | {p['data_size']} | {p['step']} | {_f(p['label_tokens'], '.0f')} | "
             f"{_f(p['value'], '.3f')} |"
         )
-    path = Path(path)
-    with atomic_file(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return path
+    return lines

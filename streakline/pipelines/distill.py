@@ -61,7 +61,7 @@ from .runner import Stage, StageResult
 
 # Cadence settings: when to log, evaluate, save and prune does not change the trained drafter, so it does not move
 # the run.
-LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "patience")  # in the key only when set
+LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "checks_per_epoch", "patience")  # in the key only when set
 CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
     "keep_exports", "profile", "plan_check",
@@ -149,6 +149,8 @@ class Distill(Stage):
         trainer = OmegaConf.to_container(cfg.trainer, resolve=True)
         # With a plateau stop, when and on what the held-out check runs decides which weights are the drafter
         stopping = ("eval_every", "eval_sources", "eval_prompts") if trainer.get("patience") else ()
+        if trainer.get("checks_per_epoch") is not None:
+            stopping = tuple(k for k in stopping if k != "eval_every")  # set from checks_per_epoch, which is kept
         for k in CADENCE:
             if k not in stopping:
                 trainer.pop(k, None)
@@ -221,6 +223,10 @@ class Distill(Stage):
             print(f"distill: trainer.max_epochs={cfg.trainer.max_epochs:g} over {len(windows)} examples at {per_step} "
                   f"a step: {steps} steps (trainer.max_steps={cfg.trainer.max_steps} is the cap)")  # fmt: skip
             cfg.trainer.max_steps = steps
+        if cfg.trainer.checks_per_epoch is not None:  # a check every 1/checks_per_epoch of a pass, whatever the size
+            cfg.trainer.eval_every = max(1, -(-len(windows) // per_step) // cfg.trainer.checks_per_epoch)
+            print(f"distill: trainer.checks_per_epoch={cfg.trainer.checks_per_epoch}: a held-out check every "
+                  f"{cfg.trainer.eval_every} steps")  # fmt: skip
         engine = strategy.setup(module)
         tracker = _tracker(cfg, stage_run, enabled=strategy.is_main)
         evaluator = _evaluator(cfg, tokenizer, gamma, mask_id, strategy.device, verifier) if strategy.is_main else None

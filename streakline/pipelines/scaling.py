@@ -65,11 +65,11 @@ class Scaling(Stage):
         if s.metric not in SCALING_METRICS:
             raise ConfigError(f"stage.metric={s.metric} is not valid; choose from: {', '.join(SCALING_METRICS)}")
         sizes = list(s.world_sizes)
-        if not sizes or any(n < 1 for n in sizes) or len(set(sizes)) != len(sizes):
-            raise ConfigError(f"stage.world_sizes={sizes} must be distinct rank counts >= 1, e.g. [1,2,4]")
+        if any(n < 1 for n in sizes) or len(set(sizes)) != len(sizes):
+            raise ConfigError(f"stage.world_sizes={sizes} must be distinct rank counts >= 1, e.g. [1,2,4] ([]: none)")
         uneven = [n for n in sizes if s.global_batch % n]
         if s.global_batch < 1 or uneven:
-            step = math.lcm(*sizes)
+            step = math.lcm(*sizes) if sizes else 1
             fits = -(-s.global_batch // step) * step  # the next multiple of every world size
             raise ConfigError(
                 f"stage.global_batch={s.global_batch} must split evenly over every world size (not over {uneven}): "
@@ -85,6 +85,11 @@ class Scaling(Stage):
                 raise ConfigError(f"stage.{key}={s[key]} must be at least 1")
         if not s.methods or not s.data_sizes or any(d < 1 for d in s.data_sizes):
             raise ConfigError("stage.methods and stage.data_sizes (prompts, each >= 1) must not be empty")
+        tokens = list(s.token_sizes)
+        if any(t < 1 for t in tokens) or len(set(tokens)) != len(tokens):
+            raise ConfigError(f"stage.token_sizes={tokens} must be distinct token counts >= 1, e.g. [10000,100000]")
+        if s.seeds and not tokens:
+            raise ConfigError("stage.seeds adds seeds at the ends of stage.token_sizes, which is empty")
         if s.zero_stage not in ZERO_STAGES:
             raise ConfigError(f"stage.zero_stage={s.zero_stage} is not valid; choose from: 0, 2, 3")
         unknown = [m for m in (*s.methods, s.throughput_method) if not (CONF_DIR / "method" / f"{m}.yaml").is_file()]
@@ -105,8 +110,11 @@ class Scaling(Stage):
 
         s = cfg.stage
         t0 = time.perf_counter()
-        for size in s.data_sizes:  # the trajectories every distill run below reads
-            run_stage(compose_config(stage_overrides(cfg, f"trajectories data.max_prompts={size}")[1]))
+        by_tokens = bool(s.token_sizes)
+        for size in [None] if by_tokens else s.data_sizes:  # the trajectories every distill run below reads
+            # token sizes: one set, the config's, sampled with one data seed whatever seed each run trains with
+            extra = _data_seed(cfg) if size is None else f" data.max_prompts={size}"
+            run_stage(compose_config(stage_overrides(cfg, f"trajectories{extra}")[1]))
         rows, missing = [], []
         for world in s.world_sizes:
             row = _throughput_row(cfg, world, missing)
@@ -119,14 +127,7 @@ class Scaling(Stage):
                 f"{commands} (bash {commands}), and once they are done rerun this command"
             )
         scaling_report.add_efficiency(rows)
-        points: dict[str, list[dict[str, Any]]] = {}
-        for method in s.methods:
-            points[method] = []
-            for size in s.data_sizes:
-                result = run_stage(compose_config(_distill(cfg, f"method={method} data.max_prompts={size}")))
-                records = scaling_report.read_metrics(Path(result.folder) / "metrics.jsonl")
-                for p in scaling_report.acceptance_points(records, s.metric):
-                    points[method].append({"method": method, "data_size": size, **p, "folder": str(result.folder)})
+        points = _token_points(cfg) if by_tokens else _prompt_points(cfg)
         fits = {
             m: scaling_report.fit_power_law([p["label_tokens"] for p in pts], [p["value"] for p in pts])
             for m, pts in points.items()
@@ -136,7 +137,12 @@ class Scaling(Stage):
             name: str(path)
             for name, path in (
                 ("throughput", scaling_report.throughput_figure(rows, out / "throughput.png")),
-                ("acceptance", scaling_report.acceptance_figure(points, fits, out / "acceptance.png", s.metric)),
+                (
+                    "acceptance",
+                    scaling_report.acceptance_figure(
+                        points, fits, out / "acceptance.png", s.metric, by_tokens=by_tokens
+                    ),
+                ),  # fmt: skip
             )
             if path is not None
         }
@@ -176,6 +182,68 @@ STAGE = Scaling()
 def _distill(cfg: DictConfig, extra: str) -> list[str]:
     """The overrides of a distill run: the command line's (without its stage=), then ``extra``."""
     return stage_overrides(cfg, f"distill {extra}")[1]
+
+
+def _prompt_points(cfg: DictConfig) -> dict[str, list[dict[str, Any]]]:
+    """``stage.data_sizes``: per method and trajectory set one distill run; every held-out check is a point at the
+    label tokens seen so far."""
+    from . import run_stage
+
+    s, points = cfg.stage, {}
+    for method in s.methods:
+        points[method] = []
+        for size in s.data_sizes:
+            result = run_stage(compose_config(_distill(cfg, f"method={method} data.max_prompts={size}")))
+            records = scaling_report.read_metrics(Path(result.folder) / "metrics.jsonl")
+            for p in scaling_report.acceptance_points(records, s.metric):
+                points[method].append({"method": method, "data_size": size, **p, "folder": str(result.folder)})
+    return points
+
+
+def _data_seed(cfg: DictConfig) -> str:
+    """`` data.seed=<s>``: the seed the trajectories are sampled with (``data.seed``, else the run seed), pinned so
+    that runs of other seeds read the same set."""
+    return f" data.seed={cfg.data.seed if cfg.data.seed is not None else cfg.seed}"
+
+
+def token_runs(cfg: DictConfig) -> list[tuple[str, int, int]]:
+    """``(method, token size, seed)`` of every acceptance run of ``stage.token_sizes``: each size at the config's
+    seed, and the smallest and largest also at every ``stage.seeds`` entry."""
+    s = cfg.stage
+    sizes = sorted(s.token_sizes)
+    ends = {sizes[0], sizes[-1]}
+    return [(m, size, seed) for m in s.methods for size in sizes
+            for seed in dict.fromkeys([cfg.seed, *(s.seeds if size in ends else [])])]  # fmt: skip
+
+
+def _token_points(cfg: DictConfig) -> dict[str, list[dict[str, Any]]]:
+    """``stage.token_sizes``: one distill run per (method, size, seed) on a nested subset of the one trajectory set
+    (``trainer.train_tokens``), each one point: x the subset's completion tokens, y its best held-out check (the
+    run's ``best/<metric>`` with ``trainer.patience``, else its last check)."""
+    from . import run_stage
+
+    s, points = cfg.stage, {}
+    extra = " ".join(s.run_overrides)
+    for method, size, seed in token_runs(cfg):
+        overrides = f"method={method} trainer.train_tokens={size} seed={seed}{_data_seed(cfg)} {extra}"
+        result = run_stage(compose_config(_distill(cfg, overrides)))
+        manifest = read_manifest(result.folder)
+        value = manifest.metrics.get(f"best/{s.metric}")
+        if value is None:
+            checks = scaling_report.acceptance_points(
+                scaling_report.read_metrics(Path(result.folder) / "metrics.jsonl"), s.metric
+            )
+            value = checks[-1]["value"] if checks else None
+        if value is None:
+            raise ConfigError(
+                f"the distill run {result.folder} has no held-out {s.metric}: give it a check (trainer.eval_prompts "
+                "> 0 and trainer.eval_sources)"
+            )
+        points.setdefault(method, []).append({
+            "method": method, "data_size": size, "seed": seed, "step": manifest.metrics.get("steps"),
+            "label_tokens": size, "value": value, "folder": str(result.folder),
+        })  # fmt: skip
+    return points
 
 
 def _throughput_overrides(cfg: DictConfig, world: int) -> list[str]:
@@ -290,6 +358,9 @@ def _setup(cfg: DictConfig) -> dict[str, Any]:
         "eval_every": cfg.trainer.eval_every,
         "methods": list(s.methods),
         "data_sizes": list(s.data_sizes),
+        "token_sizes": list(s.token_sizes),
+        "seeds": [cfg.seed, *s.seeds],
+        "run_overrides": list(s.run_overrides),
     }
 
 

@@ -59,7 +59,6 @@ SMALL = [
     "settings.spiffy.max_new_tokens=8",
     "settings.spiffy.horizon=3",
     "settings.spiffy.batch_size=2",
-    "settings.scaling.world_sizes=[1]",  # more ranks start torchrun: tests/pipelines/test_scaling.py runs 1 and 2
     "settings.scaling.throughput_steps=2",
     "settings.scaling.global_batch=2",
     "settings.scaling.data_sizes=[8]",
@@ -78,6 +77,12 @@ def _small_entry(entry: str) -> str:
 
 def _config(root, experiment):
     overrides = ["stage=pipeline", "model=micro", f"experiment={experiment}", f"run_root={root}", *SMALL]
+    cfg = compose_config(overrides)
+    scaling = cfg.settings.get("scaling") or {}
+    if scaling.get("world_sizes", [1]):  # more ranks start torchrun: tests/pipelines/test_scaling.py runs 1 and 2
+        overrides.append("settings.scaling.world_sizes=[1]")
+    if scaling.get("token_sizes"):  # subsets of the 8 x 16-token set, and no extra seed
+        overrides += ["settings.scaling.token_sizes=[30,60]", "settings.scaling.seeds=[]"]
     cfg = compose_config(overrides)
     if cfg.data.feature_layers:  # layer ids are a shape, like the sizes above: the micro DFlash drafter's
         layers = compose_config(["model=micro", "model.drafter=micro-dflash"]).model.drafter.target_layer_ids

@@ -124,3 +124,40 @@ def test_scaling_reports_throughput_and_fits_and_a_rerun_reuses_every_run(micro_
     (commands,) = (root / "scaling-e2e" / "scaling").glob("*/commands.sh")
     (job,) = [line for line in commands.read_text().splitlines() if line.startswith("sbatch")]
     assert "--nodes=1" in job and "--nproc-per-node 4" in job and "trainer.micro_batch_size=1" in job
+
+
+def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro_world):
+    """stage.token_sizes: no throughput (world_sizes=[]), one trajectory set, one run per (loss, size, seed) on a
+    nested subset of that many completion tokens, each one point (its best check under trainer.patience)."""
+    root = Path(micro_world[0])
+    result = run_stage(_config(
+        root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+        "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40,120]", "settings.scaling.seeds=[1]",
+        "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
+        "trainer.wandb_project=null",
+    ))  # fmt: skip
+    summary = result.details["summary"]
+    assert summary["throughput"] == []
+    points = summary["acceptance"]
+    assert sorted((p["data_size"], p["seed"]) for p in points) == [(40, 0), (40, 1), (120, 0), (120, 1)]
+    assert len({p["folder"] for p in points}) == 4 and all(p["label_tokens"] == p["data_size"] for p in points)
+    sets = {read_manifest(p["folder"]).config["trajectories"] for p in points}
+    assert len(sets) == 1  # one trajectory set, read as subsets
+    for p in points:
+        m = read_manifest(p["folder"]).metrics
+        assert p["value"] == m["best/sim_streak"] and p["step"] == m["steps"] <= 6
+    text = (Path(result.folder) / "scaling.md").read_text()
+    assert "| loss | training tokens | seed | steps | sim_streak |" in text and "tokens for 2" in text
+    assert "## Throughput" not in text
+    assert set(result.details["figures"]) == {"acceptance"}
+    with pytest.raises(ConfigError, match="stage.seeds adds seeds at the ends of stage.token_sizes"):
+        load_stage("scaling").check(compose_config(["stage=scaling", "experiment=scaling", "stage.seeds=[1]"]))
+
+
+def test_token_runs_put_the_extra_seeds_at_the_ends():
+    cfg = compose_config(["stage=scaling", "experiment=scaling", "stage.methods=[a,b]",
+                          "stage.token_sizes=[300,10,100]", "stage.seeds=[0,7]"])  # fmt: skip
+    runs = stage_module.token_runs(cfg)
+    assert runs == [
+        (m, size, seed) for m in "ab" for size, seeds in ((10, (0, 7)), (100, (0,)), (300, (0, 7))) for seed in seeds
+    ]  # fmt: skip  (seed 0 is the config's: not run twice)
