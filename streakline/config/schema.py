@@ -25,6 +25,7 @@ from .stages import (  # noqa: F401
     EvalMethodConfig,
     EvaluateStage,
     PlanStage,
+    ScalingArm,
     ScalingStage,
     SpiffyStage,
     SpotStage,

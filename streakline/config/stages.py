@@ -143,6 +143,20 @@ class PlanStage(StageConfig):
 
 
 @dataclass
+class ScalingArm:
+    """One drafter recipe of a data-scaling study (``stage.arms``): its losses, sizes and overrides; its lines are
+    labelled ``<name>:<loss>``."""
+
+    name: str = MISSING
+    methods: list[str] = field(default_factory=list)
+    every: int = 1  # runs every k-th of the stage's token_sizes, the smallest and the largest always
+    # a method each run starts from: a run of it on the same subset first (e.g. mdm: the cut adapted to masked
+    # diffusion), then the run itself with trainer.init_from='distill:method=<adapt>'
+    adapt: str | None = None
+    run_overrides: list[str] = field(default_factory=list)  # given to each of its runs (after the stage's own)
+
+
+@dataclass
 class ScalingStage(StageConfig):
     """stage=scaling (experiment=scaling): distill throughput against world size, and the held-out accepted streak
     against training tokens per loss, with a power-law fit each (docs/scaling.md)."""
@@ -168,6 +182,12 @@ class ScalingStage(StageConfig):
     token_sizes: list[int] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)  # token_sizes: more seeds at the smallest and the largest size
     run_overrides: list[str] = field(default_factory=list)  # given to every acceptance run, e.g. model.drafter=...
+    # token_sizes: recipes side by side in one report (e.g. a DFlash drafter and a standalone cut), each with its own
+    # losses, sizes and overrides; empty: one recipe of methods and run_overrides
+    arms: list[ScalingArm] = field(default_factory=list)
+    # token_sizes: also decode held-out prompts with each seed-0 run's drafter, beside vanilla and ngram, through
+    # stage=evaluate (settings.evaluate: benchmarks, prompts, temperatures): the wall-clock speedup of every point
+    evaluate: bool = False
 
 
 # The settings dataclass of each stage that has settings (the others' ``cfg.stage`` is a plain StageConfig).

@@ -242,6 +242,7 @@ def write_report(path: str | Path, summary: dict[str, Any]) -> Path:
         lines += _throughput_lines(summary)
     by_tokens = bool(s.get("token_sizes"))
     lines += _acceptance_lines(summary, by_tokens)
+    lines += wall_clock_lines(summary)
     path = Path(path)
     with atomic_file(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -325,4 +326,81 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
             f"| {p['method']} | {p['data_size']} | {p['step']} | {_f(p['label_tokens'], '.0f')} | "
             f"{_f(p['value'], '.3f')} |"
         )
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ wall clock
+def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The data-scaling study's decode results (``stage.evaluate``: evaluate records whose ``method`` is
+    ``<label>@<tokens>``, beside ``vanilla`` and ``ngram``) as ``{"rows": [...], "ngram": {...}}``: one row per
+    point, benchmark and temperature (label, tokens, speedup over vanilla, accepted tokens a cycle, the lossless
+    verdict), and ngram's speedup per (benchmark, temperature), the training-free bar."""
+    where = {f"{p['method']}@{p['data_size']}": p for pts in points.values() for p in pts}
+    rows, ngram = [], {}
+    for r in records:
+        key = f"{r['benchmark']}/T{r['temperature']:g}"
+        if r["method"] == "ngram":
+            ngram[key] = r.get("speedup")
+        p = where.get(r["method"])
+        if p is None:
+            continue
+        rows.append({
+            "method": p["method"], "data_size": p["data_size"], "benchmark": r["benchmark"],
+            "temperature": r["temperature"], "speedup": r.get("speedup"),
+            "accepted_per_cycle": r.get("accepted_per_cycle"), "lossless": r.get("lossless"),
+            "check": (r.get("lossless_check") or {}).get("check"),
+        })  # fmt: skip
+    rows.sort(key=lambda x: (x["benchmark"], x["temperature"], x["method"], x["data_size"]))
+    return {"rows": rows, "ngram": ngram}
+
+
+def speedup_figure(wall: dict[str, Any], path: str | Path) -> Path | None:
+    """Wall-clock speedup over vanilla against training tokens (log x), one panel per benchmark at each verifier
+    temperature, one line per loss, with the break-even line at 1.0 and ngram's speedup (the training-free bar)."""
+    rows = wall["rows"]
+    if not rows:
+        return None
+    panels = sorted({(r["benchmark"], r["temperature"]) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    labels = sorted({r["method"] for r in rows})
+    for ax, (bench, temperature) in zip(axes[0], panels, strict=True):
+        for i, label in enumerate(labels):
+            mine = sorted((r["data_size"], r["speedup"]) for r in rows
+                          if (r["benchmark"], r["temperature"], r["method"]) == (bench, temperature, label)
+                          and r["speedup"] is not None)  # fmt: skip
+            if mine:
+                ax.plot([x for x, _ in mine], [y for _, y in mine], marker="o", color=f"C{i}", label=label)
+        ax.axhline(1.0, color="grey", lw=1, label="break-even (vanilla)")
+        bar = wall["ngram"].get(f"{bench}/T{temperature:g}")
+        if bar is not None:
+            ax.axhline(bar, color="black", ls="--", lw=1, label=f"ngram (no training): {bar:.2f}x")
+        ax.set_xscale("log")
+        ax.set(xlabel="training tokens (log)", ylabel="speedup over vanilla (wall clock)",
+               title=f"{bench}, T={temperature:g}")  # fmt: skip
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def wall_clock_lines(summary: dict[str, Any]) -> list[str]:
+    """scaling.md's section on the decoded drafters (none without ``stage.evaluate``)."""
+    wall = summary.get("wall_clock") or {}
+    if not wall.get("rows"):
+        return []
+    lines = ["", "## Wall-clock speedup against training tokens", "",
+             "Each point's drafter (seed 0) decoding held-out prompts with the real decoder (`stage=evaluate`, "
+             "`settings.evaluate`), against vanilla on the same prompts, every row checked lossless (in bf16: every "
+             "parting from vanilla a near-tie). ngram is prompt lookup: no training at all.", "",
+             "| benchmark | T | loss | training tokens | speedup | accepted / cycle | lossless |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for key, bar in sorted(wall["ngram"].items()):
+        bench, temperature = key.rsplit("/T", 1)
+        lines.append(f"| {bench} | {temperature} | ngram | 0 | {_f(bar, '.2f')}x | - | yes |")
+    for r in wall["rows"]:
+        lines.append(
+            f"| {r['benchmark']} | {r['temperature']:g} | {r['method']} | {r['data_size']} | {_f(r['speedup'], '.2f')}x"
+            f" | {_f(r['accepted_per_cycle'], '.2f')} | {'yes' if r['lossless'] else 'NO'} |"
+        )
+    if "speedup" in summary.get("figures", {}):
+        lines += ["", f"![wall-clock speedup against training tokens]({Path(summary['figures']['speedup']).name})"]
     return lines

@@ -42,6 +42,7 @@ from streakline.config.schema import SCALING_LAUNCHES, SCALING_METRICS, ZERO_STA
 from streakline.evaluation import scaling as scaling_report
 from streakline.launch.slurm import launch_script
 
+from .common import data_scaling
 from .common.lookup import autocast_part, stage_overrides, stage_settings
 from .runner import Stage, StageResult
 
@@ -90,9 +91,19 @@ class Scaling(Stage):
             raise ConfigError(f"stage.token_sizes={tokens} must be distinct token counts >= 1, e.g. [10000,100000]")
         if s.seeds and not tokens:
             raise ConfigError("stage.seeds adds seeds at the ends of stage.token_sizes, which is empty")
+        names = [a.name for a in s.arms]
+        if s.arms and (not tokens or len(set(names)) != len(names) or any(not a.methods for a in s.arms)):
+            raise ConfigError(
+                f"stage.arms {names}: recipes of a data-scaling study need stage.token_sizes, distinct names and "
+                "methods each, e.g. [{name: dflash, methods: [ce_streak]}]"
+            )
+        if s.evaluate and not tokens:
+            raise ConfigError("stage.evaluate decodes the drafters of stage.token_sizes, which is empty")
         if s.zero_stage not in ZERO_STAGES:
             raise ConfigError(f"stage.zero_stage={s.zero_stage} is not valid; choose from: 0, 2, 3")
-        unknown = [m for m in (*s.methods, s.throughput_method) if not (CONF_DIR / "method" / f"{m}.yaml").is_file()]
+        every = (*s.methods, s.throughput_method, *(m for a in s.arms for m in a.methods))
+        every += tuple(a.adapt for a in s.arms if a.adapt is not None)
+        unknown = [m for m in every if not (CONF_DIR / "method" / f"{m}.yaml").is_file()]
         if unknown:
             raise ConfigError(
                 f"stage.methods / stage.throughput_method name no method preset: {unknown} (conf/method/)"
@@ -113,7 +124,7 @@ class Scaling(Stage):
         by_tokens = bool(s.token_sizes)
         for size in [None] if by_tokens else s.data_sizes:  # the trajectories every distill run below reads
             # token sizes: one set, the config's, sampled with one data seed whatever seed each run trains with
-            extra = _data_seed(cfg) if size is None else f" data.max_prompts={size}"
+            extra = f" {data_scaling.data_seed(cfg)}" if size is None else f" data.max_prompts={size}"
             run_stage(compose_config(stage_overrides(cfg, f"trajectories{extra}")[1]))
         rows, missing = [], []
         for world in s.world_sizes:
@@ -127,31 +138,29 @@ class Scaling(Stage):
                 f"{commands} (bash {commands}), and once they are done rerun this command"
             )
         scaling_report.add_efficiency(rows)
-        points = _token_points(cfg) if by_tokens else _prompt_points(cfg)
+        points = data_scaling.token_points(cfg, run_stage) if by_tokens else _prompt_points(cfg)
+        records = data_scaling.wall_clock(cfg, points, run_stage) if by_tokens and s.evaluate else []
+        wall_clock = scaling_report.wall_clock_rows(records, points)
         fits = {
             m: scaling_report.fit_power_law([p["label_tokens"] for p in pts], [p["value"] for p in pts])
             for m, pts in points.items()
         }
         out = stage_run.dir
-        figures = {
-            name: str(path)
-            for name, path in (
-                ("throughput", scaling_report.throughput_figure(rows, out / "throughput.png")),
-                (
-                    "acceptance",
-                    scaling_report.acceptance_figure(
-                        points, fits, out / "acceptance.png", s.metric, by_tokens=by_tokens
-                    ),
-                ),  # fmt: skip
-            )
-            if path is not None
+        drawn = {
+            "throughput": scaling_report.throughput_figure(rows, out / "throughput.png"),
+            "acceptance": scaling_report.acceptance_figure(
+                points, fits, out / "acceptance.png", s.metric, by_tokens=by_tokens
+            ),
+            "speedup": scaling_report.speedup_figure(wall_clock, out / "speedup.png"),
         }
+        figures = {name: str(path) for name, path in drawn.items() if path is not None}
         summary = {
             "setup": _setup(cfg),
             "metric": s.metric,
             "throughput": rows,
             "acceptance": [p for pts in points.values() for p in pts],
             "fits": {m: None if f is None else f.as_dict() for m, f in fits.items()},
+            "wall_clock": wall_clock,
             "figures": {k: Path(v).name for k, v in figures.items()},
             "seconds": time.perf_counter() - t0,
         }
@@ -197,52 +206,6 @@ def _prompt_points(cfg: DictConfig) -> dict[str, list[dict[str, Any]]]:
             records = scaling_report.read_metrics(Path(result.folder) / "metrics.jsonl")
             for p in scaling_report.acceptance_points(records, s.metric):
                 points[method].append({"method": method, "data_size": size, **p, "folder": str(result.folder)})
-    return points
-
-
-def _data_seed(cfg: DictConfig) -> str:
-    """`` data.seed=<s>``: the seed the trajectories are sampled with (``data.seed``, else the run seed), pinned so
-    that runs of other seeds read the same set."""
-    return f" data.seed={cfg.data.seed if cfg.data.seed is not None else cfg.seed}"
-
-
-def token_runs(cfg: DictConfig) -> list[tuple[str, int, int]]:
-    """``(method, token size, seed)`` of every acceptance run of ``stage.token_sizes``: each size at the config's
-    seed, and the smallest and largest also at every ``stage.seeds`` entry."""
-    s = cfg.stage
-    sizes = sorted(s.token_sizes)
-    ends = {sizes[0], sizes[-1]}
-    return [(m, size, seed) for m in s.methods for size in sizes
-            for seed in dict.fromkeys([cfg.seed, *(s.seeds if size in ends else [])])]  # fmt: skip
-
-
-def _token_points(cfg: DictConfig) -> dict[str, list[dict[str, Any]]]:
-    """``stage.token_sizes``: one distill run per (method, size, seed) on a nested subset of the one trajectory set
-    (``trainer.train_tokens``), each one point: x the subset's completion tokens, y its best held-out check (the
-    run's ``best/<metric>`` with ``trainer.patience``, else its last check)."""
-    from . import run_stage
-
-    s, points = cfg.stage, {}
-    extra = " ".join(s.run_overrides)
-    for method, size, seed in token_runs(cfg):
-        overrides = f"method={method} trainer.train_tokens={size} seed={seed}{_data_seed(cfg)} {extra}"
-        result = run_stage(compose_config(_distill(cfg, overrides)))
-        manifest = read_manifest(result.folder)
-        value = manifest.metrics.get(f"best/{s.metric}")
-        if value is None:
-            checks = scaling_report.acceptance_points(
-                scaling_report.read_metrics(Path(result.folder) / "metrics.jsonl"), s.metric
-            )
-            value = checks[-1]["value"] if checks else None
-        if value is None:
-            raise ConfigError(
-                f"the distill run {result.folder} has no held-out {s.metric}: give it a check (trainer.eval_prompts "
-                "> 0 and trainer.eval_sources)"
-            )
-        points.setdefault(method, []).append({
-            "method": method, "data_size": size, "seed": seed, "step": manifest.metrics.get("steps"),
-            "label_tokens": size, "value": value, "folder": str(result.folder),
-        })  # fmt: skip
     return points
 
 
@@ -374,6 +337,13 @@ def _headline(summary: dict[str, Any]) -> dict[str, Any]:
         out[f"efficiency/ranks{n}"] = r["efficiency"]
     for loss, fit in summary["fits"].items():
         out[f"exponent/{loss}"] = None if fit is None else fit["exponent"]
+    wall = summary.get("wall_clock") or {}  # stage.evaluate: the training-free bar and the best trained drafter
+    for key, bar in wall.get("ngram", {}).items():
+        out[f"speedup/ngram/{key}"] = bar
+    for r in wall.get("rows", []):
+        key = f"best_speedup/{r['benchmark']}/T{r['temperature']:g}"
+        if r["speedup"] is not None and r["speedup"] > (out.get(key) or 0):
+            out[key] = r["speedup"]
     return out
 
 
@@ -395,6 +365,8 @@ def _log_wandb(cfg: DictConfig, stage_run: StageRun, summary: dict, metrics: dic
     tracker.log({k: v for k, v in metrics.items() if v is not None}, step=0)
     tracker.log_table("throughput_runs", summary["throughput"])  # the figures take the bare names
     tracker.log_table("acceptance_points", summary["acceptance"])
+    if (summary.get("wall_clock") or {}).get("rows"):
+        tracker.log_table("wall_clock", summary["wall_clock"]["rows"])
     for name, path in figures.items():
         tracker.log_image(name, path)
     tracker.close()

@@ -17,6 +17,7 @@ from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.pipelines import load_stage, run_stage
 from streakline.pipelines import scaling as stage_module
+from streakline.pipelines.common.data_scaling import token_runs
 
 SMALL = [
     "experiment.name=scaling-e2e",  # its own trajectories and runs: no reuse of test_experiments' (other cadence)
@@ -154,10 +155,56 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
         load_stage("scaling").check(compose_config(["stage=scaling", "experiment=scaling", "stage.seeds=[1]"]))
 
 
+def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):
+    """stage.arms: two recipes in one report (lines <arm>:<loss>, an arm's every-other size and overrides);
+    stage.evaluate: each seed-0 drafter decodes held-out prompts beside vanilla and ngram, every row lossless, in
+    speedup.png."""
+    from streakline.config.schema import ScalingArm
+
+    root = Path(micro_world[0])
+    cfg = _config(
+        root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+        "settings.scaling.token_sizes=[40,80,120]", "settings.scaling.metric=sim_streak",
+        "settings.scaling.evaluate=true",
+        "trainer.max_steps=2", "trainer.eval_every=2", "trainer.wandb_project=null", "settings.evaluate.prompts=1",
+        "settings.evaluate.max_new_tokens=8", "settings.evaluate.benchmarks=[tiny-math]",
+        "settings.evaluate.temperatures=[0.0]", "settings.evaluate.degenerate_share=1.0",
+    )  # fmt: skip
+    cfg.stage.arms = [
+        ScalingArm(name="a", methods=["ce_streak"]),
+        ScalingArm(name="b", methods=["streak"], every=2, adapt="mdm", run_overrides=["trainer.lr=1e-3"]),
+    ]
+    result = run_stage(cfg)
+    summary = result.details["summary"]
+    got = sorted((p["method"], p["data_size"]) for p in summary["acceptance"])
+    assert got == [("a:ce_streak", 40), ("a:ce_streak", 80), ("a:ce_streak", 120), ("b:streak", 40), ("b:streak", 120)]
+    lr = {p["method"]: read_manifest(p["folder"]).config["trainer"]["lr"] for p in summary["acceptance"]}
+    assert lr["b:streak"] == 1e-3 and lr["a:ce_streak"] != 1e-3  # an arm's overrides reach its runs only
+    for p in summary["acceptance"]:  # arm b starts from an mdm run on the same subset, made first
+        start = Path(read_manifest(p["folder"]).config["drafter"])  # the weights it started from (its run key)
+        adapted = read_manifest(start.parent) if (start.parent / "manifest.json").is_file() else None
+        if p["method"] == "b:streak":
+            assert adapted.stage == "distill" and adapted.config["method"]["name"] == "mdm"
+            assert adapted.status == "complete" and adapted.config["trainer"]["train_tokens"] == p["data_size"]
+        else:
+            assert adapted is None or adapted.stage != "distill"  # the preset's drafter (the world's)
+    wall = summary["wall_clock"]
+    assert sorted((r["method"], r["data_size"]) for r in wall["rows"]) == got  # every point's drafter decoded
+    assert all(r["lossless"] and r["speedup"] > 0 for r in wall["rows"])
+    assert set(wall["ngram"]) == {"tiny-math/T0"} and wall["ngram"]["tiny-math/T0"] > 0
+    text = (Path(result.folder) / "scaling.md").read_text()
+    assert "## Wall-clock speedup against training tokens" in text and "| tiny-math | 0 | ngram | 0 |" in text
+    assert set(result.details["figures"]) == {"acceptance", "speedup"}
+    assert read_manifest(result.folder).metrics["speedup/ngram/tiny-math/T0"] == wall["ngram"]["tiny-math/T0"]
+    cfg.stage.arms = [ScalingArm(name="a", methods=["ce_streak"]), ScalingArm(name="a", methods=["streak"])]
+    with pytest.raises(ConfigError, match="distinct names"):
+        load_stage("scaling").check(cfg)
+
+
 def test_token_runs_put_the_extra_seeds_at_the_ends():
     cfg = compose_config(["stage=scaling", "experiment=scaling", "stage.methods=[a,b]",
                           "stage.token_sizes=[300,10,100]", "stage.seeds=[0,7]"])  # fmt: skip
-    runs = stage_module.token_runs(cfg)
+    runs = [(r.label, r.size, r.seed) for r in token_runs(cfg)]
     assert runs == [
         (m, size, seed) for m in "ab" for size, seeds in ((10, (0, 7)), (100, (0,)), (300, (0, 7))) for seed in seeds
     ]  # fmt: skip  (seed 0 is the config's: not run twice)

@@ -1,0 +1,138 @@
+"""stage=scaling's data-scaling part (``stage.token_sizes``, docs/scaling.md): which distill runs it makes, the
+point each gives, and the wall-clock decode of their drafters. The stage (``pipelines/scaling.py``) calls it; the
+arithmetic and figures are ``evaluation/scaling.py``'s.
+
+    runs = token_runs(cfg)                   # [Run(label, method, size, seed, overrides), ...]
+    points = token_points(cfg, run_stage)    # {label: [{"data_size", "seed", "value", "folder", ...}, ...]}
+    rows = wall_clock(cfg, points, run_stage)   # stage.evaluate: speedup per point, beside vanilla and ngram
+
+A run is one loss of one recipe (an arm: ``stage.arms``, or the stage's own methods and run_overrides) at one
+token size and seed; every run is an ordinary distill run, cached by its key, so a cut-off study resumes.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from streakline.artifacts import read_manifest
+from streakline.config import ConfigError, compose_config
+from streakline.evaluation import scaling as scaling_report
+
+from .lookup import stage_overrides
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str  # the line it is a point of: the loss, or <arm>:<loss>
+    method: str
+    size: int  # trainer.train_tokens
+    seed: int
+    overrides: tuple[str, ...]  # the arm's (after the stage's)
+    adapt: str | None = None  # the arm's: a run of this method on the same subset first, which the run starts from
+
+
+def arms(cfg: DictConfig) -> list[tuple[str, list[str], list[int], list[str], str | None]]:
+    """``(name, methods, token sizes, overrides, adapt)`` per recipe: each ``stage.arms`` entry (every ``every``-th
+    of the stage's sizes, its overrides after the stage's ``run_overrides``), or one unnamed recipe of
+    ``stage.methods``."""
+    s = cfg.stage
+    common, sizes = list(s.run_overrides), sorted(s.token_sizes)
+    if not s.arms:
+        return [("", list(s.methods), sizes, common, None)]
+    return [(a.name, list(a.methods), every(sizes, a.every), [*common, *a.run_overrides], a.adapt) for a in s.arms]
+
+
+def every(sizes: list[int], k: int) -> list[int]:
+    """Every ``k``-th of ``sizes`` (sorted) from the smallest, and the largest always."""
+    picked = sizes[::k]
+    return picked if not sizes or picked[-1] == sizes[-1] else [*picked, sizes[-1]]
+
+
+def token_runs(cfg: DictConfig) -> list[Run]:
+    """Every acceptance run of ``stage.token_sizes``: each recipe's losses at each of its sizes at the config's seed,
+    and at its smallest and largest size also at every ``stage.seeds`` entry."""
+    out = []
+    for name, methods, sizes, overrides, adapt in arms(cfg):
+        sizes = sorted(sizes)
+        ends = {sizes[0], sizes[-1]}
+        for m in methods:
+            for size in sizes:
+                for seed in dict.fromkeys([cfg.seed, *(cfg.stage.seeds if size in ends else [])]):
+                    out.append(Run(f"{name}:{m}" if name else m, m, size, seed, tuple(overrides), adapt))
+    return out
+
+
+def data_seed(cfg: DictConfig) -> str:
+    """``data.seed=<s>``: the seed the one trajectory set is sampled with (``data.seed``, else the run seed), pinned
+    so that runs of other seeds read the same set."""
+    return f"data.seed={cfg.data.seed if cfg.data.seed is not None else cfg.seed}"
+
+
+def run_overrides(cfg: DictConfig, run: Run, method: str | None = None) -> list[str]:
+    """The composed overrides of one run's distill (of ``method`` in place of the run's: its adaptation run): the
+    command line's, then the run's own."""
+    words = [f"method={method or run.method}", f"trainer.train_tokens={run.size}", f"seed={run.seed}",
+             data_seed(cfg), *run.overrides]  # fmt: skip
+    if run.adapt is not None and method is None:  # the same command with method=<adapt> made what it starts from
+        words.append(f"trainer.init_from='distill:method={run.adapt}'")
+    return stage_overrides(cfg, f"distill {shlex.join(words)}")[1]
+
+
+def token_points(cfg: DictConfig, run_stage) -> dict[str, list[dict[str, Any]]]:
+    """One distill run per :func:`token_runs` entry, each one point: x the subset's completion tokens, y its best
+    held-out check (the run's ``best/<metric>`` with ``trainer.patience``, else its last check)."""
+    metric, points = cfg.stage.metric, {}
+    for run in token_runs(cfg):
+        if run.adapt is not None:  # cached by its key: one adaptation serves every loss of the arm at this size
+            run_stage(compose_config(run_overrides(cfg, run, run.adapt)))
+        result = run_stage(compose_config(run_overrides(cfg, run)))
+        manifest = read_manifest(result.folder)
+        value = manifest.metrics.get(f"best/{metric}")
+        if value is None:
+            records = scaling_report.read_metrics(Path(result.folder) / "metrics.jsonl")
+            checks = scaling_report.acceptance_points(records, metric)
+            value = checks[-1]["value"] if checks else None
+        if value is None:
+            raise ConfigError(
+                f"the distill run {result.folder} has no held-out {metric}: give it a check (trainer.eval_prompts > 0 "
+                "and trainer.eval_sources)"
+            )
+        points.setdefault(run.label, []).append({
+            "method": run.label, "loss": run.method, "data_size": run.size, "seed": run.seed,
+            "step": manifest.metrics.get("steps"), "label_tokens": run.size, "value": value,
+            "folder": str(result.folder),
+        })  # fmt: skip
+    return points
+
+
+def point_name(point: dict[str, Any]) -> str:
+    """The evaluate row of a point's drafter: ``<label>@<tokens>``."""
+    return f"{point['method']}@{point['data_size']}"
+
+
+def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_stage) -> list[dict[str, Any]]:
+    """``stage.evaluate``: one stage=evaluate (``settings.evaluate``: benchmarks, prompts, temperatures) of vanilla,
+    ngram and the drafter of every point at the config's seed, each decoded by its kind's decoder and checked
+    lossless; returns its records (``method`` = :func:`point_name`), cached by evaluate's key like any run."""
+    from streakline.config.schema import EvalMethodConfig
+    from streakline.evaluation.methods import EvalMethod
+
+    from .kinds import drafter_kind
+
+    methods = [EvalMethod("vanilla", "vanilla"), EvalMethod("ngram", "ngram")]
+    for pts in points.values():
+        for p in pts:
+            if p["seed"] != cfg.seed:
+                continue
+            drafter = str(Path(p["folder"]) / "drafter")
+            decoder = drafter_kind(cfg, drafter).decoder
+            methods.append(EvalMethod(point_name(p), decoder, drafter=drafter, distill_loss=p["loss"]))
+    evaluation = compose_config(stage_overrides(cfg, "evaluate")[1])
+    evaluation.stage.methods = [EvalMethodConfig(**m.as_dict()) for m in methods]
+    result = run_stage(evaluation)
+    return list(result.details["records"])
