@@ -281,17 +281,30 @@ def _throughput_lines(summary: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _recipe(arm: dict[str, Any]) -> str:
+    """One recipe of the study as the report names it: its lines' prefix, sizes, adaptation and overrides."""
+    name = f"`{arm['name']}`" if arm["name"] else "the losses"
+    adapt = f", each adapted with `{arm['adapt']}` on its subset first" if arm.get("adapt") else ""
+    extra = " ".join(arm["overrides"]) or "none"
+    return f"{name} at {arm['sizes']} tokens{adapt}, overrides `{extra}`"
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"Seed {seeds[0]}." if len(seeds) == 1 else f"Seeds {seeds} at the smallest and the largest size."
+
+
 def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
     s, metric, figures = summary["setup"], summary["metric"], summary.get("figures", {})
     if by_tokens:
-        extra = " ".join(s.get("run_overrides") or []) or "none"
         text = (
             f"Held-out `{metric}` of one distill run per loss and training-data size: a nested subset of one "
-            f"trajectory set holding that many completion tokens (`trainer.train_tokens`; a larger subset holds "
+            "trajectory set holding that many completion tokens (`trainer.train_tokens`; a larger subset holds "
             f"every row of a smaller one), at most {s['steps']} steps, each run's best held-out check (with "
-            f"`trainer.patience`, where it stopped improving; else its last). Seeds {s['seeds']} at the smallest and "
-            f"largest size. Overrides of every run: `{extra}`. Fit: `{metric} = a * tokens^b`, least squares in "
-            "log-log over every point of the loss; the last columns read the fit at 2 and 3."
+            "`trainer.patience`, where it stopped improving; else its last). "
+            f"{_seeds(s['seeds'])} Fit: `{metric} = a * tokens^b`, least squares in log-log over every point of "
+            "the loss; the last columns read the fit at 2 and 3. Recipes: "
+            + "; ".join(_recipe(a) for a in s.get("arms") or [])
+            + "."
         )
     else:
         text = (

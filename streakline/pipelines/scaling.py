@@ -324,6 +324,12 @@ def _setup(cfg: DictConfig) -> dict[str, Any]:
         "token_sizes": list(s.token_sizes),
         "seeds": [cfg.seed, *s.seeds],
         "run_overrides": list(s.run_overrides),
+        "arms": [
+            {"name": name, "methods": methods, "sizes": sizes, "overrides": overrides, "adapt": adapt}
+            for name, methods, sizes, overrides, adapt in data_scaling.arms(cfg)
+        ]
+        if s.token_sizes
+        else [],
     }
 
 
