@@ -38,13 +38,7 @@ for p in "${PARTS[@]}"; do rm -f "$OUT/$p.log"; done  # a part that fails early 
 rm -f "$OUT/gpu_decode.json"
 WHEELS=${WHEELS:-wheels}
 SCALE=${TIMEOUT_SCALE:-1}
-if [ -n "${PYTHON:-}" ]; then
-    PY=$PYTHON
-elif [ -x .venv/bin/python ]; then
-    PY=.venv/bin/python
-else
-    PY=$(command -v python3 || command -v python)
-fi
+source bench/_python.sh  # PY: $PYTHON, else .venv/bin/python, else python3
 if [ -n "${RUN_ROOT:-}" ]; then
     mkdir -p "$RUN_ROOT"
 else

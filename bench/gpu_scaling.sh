@@ -21,13 +21,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-runs/gpu_scaling}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-if [ -n "${PYTHON:-}" ]; then
-    PY=$PYTHON
-elif [ -x .venv/bin/python ]; then
-    PY=.venv/bin/python
-else
-    PY=$(command -v python3 || command -v python)
-fi
+source bench/_python.sh  # PY: $PYTHON, else .venv/bin/python, else python3
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
