@@ -119,5 +119,6 @@ class CrossTokenizerDrafter:
             generator=generator,
             iid=iid,
         )
-        q = None if inner.q is None else self.bridge.distribution(inner.q, self.bridge.verifier_vocab)
+        inner_q = inner.distribution()
+        q = None if inner_q is None else self.bridge.distribution(inner_q, self.bridge.verifier_vocab)
         return Proposal(tokens=self.bridge.ids(inner.tokens), q=q, forwards=inner.forwards)

@@ -94,7 +94,5 @@ class NgramDrafter:
             if width:  # pad a short draft with its last token (a row without one: its pending token)
                 fill = d[-1] if len(d) else self.rows[b][-1]
                 tokens[b, 0] = torch.from_numpy(np.concatenate([d, np.full(width - len(d), fill, dtype=np.int64)]))
-        tokens = tokens.to(new_ids.device)
-        q = torch.zeros(len(drafts), width, self.vocab_size, device=new_ids.device)
-        q.scatter_(-1, tokens[:, 0, :, None], 1.0)
-        return Proposal(tokens=tokens, q=q, forwards=0)
+        # q is one-hot on the draft: Proposal.distribution() builds it only for a rule that reads q
+        return Proposal(tokens=tokens.to(new_ids.device), q=None, forwards=0, point_mass_vocab=self.vocab_size)

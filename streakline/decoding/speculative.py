@@ -215,7 +215,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
         if drafter is not None:
             proposal = drafter.propose(new_ids, new_valid, gamma=G, K=K, generator=generator, iid=iid, **(feats or {}))
             drafts = proposal.tokens
-            q = proposal.q if rule.needs_q else None
+            q = proposal.distribution() if rule.needs_q else None
             metrics.drafter_forwards += proposal.forwards
         else:
             drafts = torch.zeros(b, 1, 0, dtype=torch.long, device=device)

@@ -4,6 +4,7 @@ distribution at T=1 (chi-square on the first two tokens, two acceptance rules)."
 
 import numpy as np
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from streakline.decoding.ngram import NgramDrafter, lookup
@@ -71,6 +72,19 @@ def test_ngram_drafts_fewer_on_eager_and_gamma_on_static():
         assert sum(res.metrics.reached_at[1:]) <= sum(seen)  # slot j+1 reached only where j+1 tokens were drafted
     assert widths["eager"][0] == 0 and min(widths["eager"]) == 0  # no repeat in the prompt: nothing to draft
     assert set(widths["static"]) == {6}
+
+
+def test_ngram_q_is_a_point_mass_built_only_on_demand():
+    """The proposal carries no [B, G, V] q (the hot path of greedy rules never reads one); distribution() gives the
+    one-hot of the chain that the q-reading rules need."""
+    drafter = NgramDrafter(n_max=2, n_min=1, vocab_size=10)
+    drafter.reset(2, 32)
+    prop = drafter.propose(torch.tensor([[1, 2, 3, 1, 2], [4, 5, 4, 5, 4]]), None, gamma=3, K=1, generator=None,
+                           iid=False)  # fmt: skip
+    assert prop.q is None
+    q = prop.distribution()
+    assert q.shape == (2, prop.tokens.shape[-1], 10)
+    assert torch.equal(q.argmax(-1), prop.tokens[:, 0]) and torch.equal(q.sum(-1), torch.ones(q.shape[:2]))
 
 
 def test_ngram_sampling_follows_the_verifier():
