@@ -20,6 +20,7 @@ from streakline.evaluation.scaling import (
     fit_power_law,
     throughput,
     throughput_figure,
+    wall_clock_lines,
     write_report,
 )
 
@@ -129,3 +130,20 @@ def test_the_figures_and_the_report(tmp_path):
     assert "| fkl | 2 | 0.000 | - (every point equal) | 4 | 0 |" in text  # saturated: a flat line, no R^2
     assert "![throughput per rank and scaling efficiency](throughput.png)" in text
     assert "(acceptance.png)" in text
+
+
+def test_the_wall_clock_table_has_a_line_per_recipe_and_a_column_per_size():
+    """One table per benchmark and temperature; a point that was not decoded is '-', a lossy row says so, and the
+    heading carries ngram's bar."""
+    rows = [
+        {"method": "ce", "data_size": 10, "benchmark": "code", "temperature": 0.0, "speedup": 1.25,
+         "accepted_per_cycle": 0.7, "lossless": True},
+        {"method": "ce", "data_size": 100, "benchmark": "code", "temperature": 0.0, "speedup": 1.5,
+         "accepted_per_cycle": 1.1, "lossless": False},
+        {"method": "dp", "data_size": 100, "benchmark": "code", "temperature": 0.0, "speedup": 0.9,
+         "accepted_per_cycle": 0.3, "lossless": True},
+    ]  # fmt: skip
+    text = "\n".join(wall_clock_lines({"wall_clock": {"rows": rows, "ngram": {"code/T0": 1.66}}}))
+    assert "**code, T=0** (ngram: 1.66x)" in text and "| line | 10 | 100 |" in text
+    assert "| ce | 1.25x / 0.70 | 1.50x / 1.10 LOSSY |" in text and "| dp | - | 0.90x / 0.30 |" in text
+    assert wall_clock_lines({"wall_clock": {"rows": [], "ngram": {}}}) == []

@@ -193,7 +193,8 @@ def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(m
     assert all(r["lossless"] and r["speedup"] > 0 for r in wall["rows"])
     assert set(wall["ngram"]) == {"tiny-math/T0"} and wall["ngram"]["tiny-math/T0"] > 0
     text = (Path(result.folder) / "scaling.md").read_text()
-    assert "## Wall-clock speedup against training tokens" in text and "| tiny-math | 0 | ngram | 0 |" in text
+    assert "## Wall-clock speedup against training tokens" in text and "**tiny-math, T=0** (ngram: " in text
+    assert "| line | 40 | 80 | 120 |" in text and "| b:streak | " in text  # a line per recipe, a column per size
     assert set(result.details["figures"]) == {"acceptance", "speedup"}
     assert read_manifest(result.folder).metrics["speedup/ngram/tiny-math/T0"] == wall["ngram"]["tiny-math/T0"]
     cfg.stage.arms = [ScalingArm(name="a", methods=["ce_streak"]), ScalingArm(name="a", methods=["streak"])]
