@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .benchmarks import _BAD_LINES, FILE_SUFFIXES, BenchmarkError, _hub_offline, read_numbered
+from .benchmarks import BenchmarkError
+from .files import FILE_SUFFIXES, current_tally, hub_offline, read_numbered
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ def load_conversation_set(
         # data.skip_bad_lines=true, which leaves them out and counts them (a preset's own skip_invalid is for the
         # public set it names, whose rows nobody here can fix)
         if not forced:
-            tally = _BAD_LINES.get()
+            tally = current_tally()
             skip_invalid = tally is not None and tally.skip
     else:
         label, lines = hub_id, None
@@ -206,7 +207,7 @@ def load_conversation_set(
         lines=lines,
     )
     if out.n_skipped:  # counted where the manifest reads it, and said, not only logged
-        tally = _BAD_LINES.get()
+        tally = current_tally()
         if tally is not None:
             tally.skipped += out.n_skipped
         print(f"conversation source {label}: left out {out.n_skipped} invalid row(s) (no turns, an unknown role or "
@@ -336,7 +337,7 @@ def _read_path(folder: Path, split: str, config: str | None) -> Any:
             return saved[split]
         if (folder / "state.json").is_file():
             return datasets.load_from_disk(str(folder))
-        with _hub_offline():
+        with hub_offline():
             return datasets.load_dataset(str(folder), *([config] if config else []), split=split)
     except ConversationError:
         raise
@@ -348,7 +349,7 @@ def _read_hub(hub_id: str, config: str | None, split: str, preset: ConversationP
     import datasets
 
     try:
-        with _hub_offline():
+        with hub_offline():
             return datasets.load_dataset(hub_id, *([config] if config else []), split=split)
     except Exception as e:  # any failure here means "not usable from the cache"; the hint below is the fix
         raise ConversationError(_how_to_get(hub_id, config, split, preset, f"{type(e).__name__}: {e}")) from e

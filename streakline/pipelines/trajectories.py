@@ -41,8 +41,9 @@ from tqdm import tqdm
 
 from streakline.artifacts import StageRun, config_hash
 from streakline.config import ConfigError
-from streakline.data.benchmarks import bad_lines, parse_source
+from streakline.data.benchmarks import parse_source
 from streakline.data.features import FeatureMeta, check_features, feature_bytes, feature_name, write_features
+from streakline.data.files import bad_lines
 from streakline.data.self_chat import SELF_CHAT
 from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (

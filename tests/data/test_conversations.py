@@ -335,7 +335,7 @@ def test_a_file_with_bad_rows_is_refused_by_line_or_skipped_and_counted_whicheve
     """A row with no user turn in a file: refused naming its line, by the generic loader and by a preset's
     (sharegpt@file) alike; with data.skip_bad_lines=true (``bad_lines(True)``) left out by both and counted where
     the manifest reads it. A line that is not UTF-8 is one more bad line."""
-    from streakline.data.benchmarks import bad_lines, read_records
+    from streakline.data.files import bad_lines, read_records
 
     good = {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]}
     no_user = {"conversations": [{"from": "gpt", "value": "only me"}]}
