@@ -201,11 +201,14 @@ def check_key(key: str, groups: list[str] | None = None, root: type = Config, wh
     :class:`Config` root, or a stage's settings named by ``where`` in messages); returns the field's type hint (a
     list's item type for an index).
 
-    A list field also accepts one integer index (``data.prompt_sources.0``).
+    A list field also accepts one integer index (``data.prompt_sources.0``), and a list of sections an index and a
+    field of its item (``settings.scaling.arms.1.every``).
     """
     parts = key.split(".")
     node: type = root
-    for depth, part in enumerate(parts):
+    depth = 0
+    while depth < len(parts):
+        part = parts[depth]
         fields = {
             k: v for k, v in schema_fields(node).items() if not (root is not Config and depth == 0 and k == "name")
         }
@@ -224,15 +227,22 @@ def check_key(key: str, groups: list[str] | None = None, root: type = Config, wh
             close = difflib.get_close_matches(part, list(fields), n=1)
             raise OverrideError(message + (f" (did you mean '{close[0]}'?)" if close else ""))
         hint = _strip_optional(fields[part])
+        depth += 1
         if dataclasses.is_dataclass(hint):
             node = hint
             continue
-        rest = parts[depth + 1 :]
+        rest = parts[depth:]
         if not rest:
             return fields[part]
-        if typing.get_origin(hint) is list and len(rest) == 1 and rest[0].isdigit():
-            return (typing.get_args(hint) or (Any,))[0]
-        raise OverrideError(f"unknown config key '{key}': '{'.'.join(parts[: depth + 1])}' is a value, not a section")
+        if typing.get_origin(hint) is list and rest[0].isdigit():
+            item = _strip_optional((typing.get_args(hint) or (Any,))[0])
+            if len(rest) == 1:
+                return item
+            if dataclasses.is_dataclass(item):  # a field of one entry of a list of sections
+                node, depth = item, depth + 1
+                continue
+        raise OverrideError(f"unknown config key '{key}': '{'.'.join(parts[:depth])}' is a value, not a section")
+    return node
 
 
 # What OmegaConf reads as a bool (case-insensitive), and an integer or a float as Hydra's grammar writes them.

@@ -29,6 +29,7 @@ from streakline.config.schema import (
     SourceConfig,
     WorldConfig,
 )
+from streakline.config.stages import ScalingStage
 
 # Groups selected directly with group=option; checkpoint presets are only reached through the roles.
 SELECTABLE = [g for g in config_groups(CONF_DIR) if g != "checkpoint"]
@@ -253,6 +254,17 @@ def test_check_key_rejects_unknown_keys(key, expected):
     with pytest.raises(OverrideError) as info:
         check_key(key)
     assert expected in str(info.value)
+
+
+def test_a_field_of_one_entry_of_a_list_of_sections_is_a_key():
+    """``settings.scaling.arms.1.every=1`` reaches the second arm only (Hydra takes an index into an existing list
+    entry); a field the entry lacks is named with the valid ones."""
+    cfg = compose_config(["stage=scaling", "experiment=smol_scaling", "settings.scaling.arms.1.every=1"])
+    assert [a.every for a in cfg.stage.arms] == [1, 1] and cfg.stage.arms[1].name == "cut"
+    with pytest.raises(OverrideError, match=r"valid under 'arms.1': name, methods, every"):
+        compose_config(["stage=scaling", "experiment=smol_scaling", "settings.scaling.arms.1.evry=1"])
+    with pytest.raises(OverrideError, match="'token_sizes' is a value, not a section"):
+        check_key("token_sizes.0.x", root=ScalingStage, where="stage=scaling")
 
 
 def test_rewrite_leaves_flags_and_group_selections_alone():
