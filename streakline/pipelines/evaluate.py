@@ -159,7 +159,7 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     ev = cfg.stage
     preset = drafter_kind(cfg)
     # the preset's drafter once per kind it decodes as: ar_draft and base (step 0 of every Fig. 7 line of its kind)
-    # for a transformer drafter, base for a DFlash one (which never runs as AR)
+    # for a transformer drafter, dflash:base for a DFlash one (which never runs as AR)
     methods = [EvalMethod("vanilla", "vanilla")]
     if ev.ngram:  # prompt lookup: the free baseline (no model, no training)
         methods.append(EvalMethod("ngram", "ngram"))

@@ -126,7 +126,8 @@ def test_shipped_experiment_runs_end_to_end(micro_world, experiment):
         doc = json.loads((report.folder / "results.json").read_text())
         records = doc["records"]
         assert records and all(r["lossless"] for r in records), [r["method"] for r in records if not r["lossless"]]
-        evaluation = attach_world(compose_config(stage_overrides(cfg, "evaluate")[1]))
+        entry = next(e for e in cfg.experiment.stages if e.split()[0] == "evaluate")  # with the entry's overrides
+        evaluation = attach_world(compose_config(stage_overrides(cfg, entry)[1]))
         expected = {m.name for m in discover(evaluation)}
         assert expected <= {r["method"] for r in records}
         # Fig. 7: every distilled loss has its checkpoints and the base drafter at step 0, and the figure is drawn;

@@ -34,7 +34,7 @@ def test_a_preset_is_the_kind_that_trains_its_checkpoint_kind():
     assert drafter_kind(dflash) is DRAFTER_KINDS["dflash"]
     # a transformer drafter is decoded as AR and as a diffusion drafter (its step 0); a DFlash one only as itself
     assert _rows(plain) == [("ar_draft", "ar_draft", None), ("base", "diffusion_draft", 0)]
-    assert _rows(dflash) == [("base", "dflash_draft", 0)]
+    assert _rows(dflash) == [("dflash:base", "dflash_draft", 0)]
     assert DRAFTER_KINDS["diffusion"].decode_overrides(plain) == ""
     assert DRAFTER_KINDS["dflash"].decode_overrides(dflash) == "model.drafter=micro-dflash "
 

@@ -49,7 +49,7 @@ def drafter_kind(cfg: DictConfig, drafter: str | None = None) -> DrafterKind:
 def preset_rows(cfg: DictConfig) -> list[EvalMethod]:
     """stage=evaluate's rows of the model preset's drafter, one per kind its checkpoint kind decodes as: for a
     transformer drafter ``ar_draft`` and ``base`` (step 0 of the Fig. 7 lines of the kind that trains it), for a
-    DFlash one ``base`` only."""
+    DFlash one ``dflash:base`` only."""
     checkpoint = drafter_kind(cfg).checkpoint
     return [
         EvalMethod(k.row, k.decoder, steps=0 if k.trains else None)

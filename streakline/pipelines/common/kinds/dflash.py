@@ -217,7 +217,7 @@ DFLASH = DFlashKind(
     decoder="dflash_draft",
     checkpoint="dflash",
     tokenizer_role="verifier",  # it drafts with the verifier's embedding and head: its vocabulary by construction
-    row="base",  # a DFlash model preset's drafter, undistilled
+    row="dflash:base",  # a DFlash model preset's drafter, undistilled: the step 0 of its dflash:<loss> lines
     train_module=DFlashTrainModule,
     start_rows=True,
 )
