@@ -238,7 +238,12 @@ class Trainer:
         self.last_export: Path | None = None
         # trainer.patience: stop on a held-out plateau; the best check's export is the run's drafter (stopping.py)
         patience = cfg.get("patience")
-        self.plateau = Plateau(patience, cfg.get("stop_metric", "sim_streak")) if patience else None
+        per_pass = -(-len(windows) // (cfg.micro_batch_size * cfg.grad_accum * strategy.world_size))
+        self.plateau = (
+            Plateau(patience, cfg.get("stop_metric", "sim_streak"), min_steps=max(cfg.warmup_steps, per_pass))
+            if patience
+            else None
+        )
         self.stopped_at: int | None = None  # the step a plateau stopped the run at (None: it ran to max_steps)
         self.telemetry = Telemetry(strategy, engine, cfg)  # alignment/telemetry.py: what fit logs beyond the loss
         self.run_info: dict[str, Any] = {}  # the run's shape (telemetry.run_metadata), set by fit on the main rank

@@ -47,3 +47,11 @@ def test_plateau_stops_after_patience_checks_without_a_new_best():
     assert again.state() == stop.state()
     with pytest.raises(ValueError, match="at least 1"):
         Plateau(patience=0, metric="sim_streak")
+
+
+def test_plateau_never_stops_before_min_steps():
+    """The trainer passes the end of warmup and of the first pass: a run on little data whose checks stall while its
+    learning rate still climbs waits, and stops at the first stalled check from there on."""
+    stop = Plateau(patience=1, metric="m", min_steps=30)
+    checks = [(10, 2.0), (20, 1.0), (30, 1.0), (40, 1.0)]
+    assert [stop.update(s, {"eval/x/m": v}) for s, v in checks] == ["best", "wait", "stop", "stop"]
