@@ -6,8 +6,8 @@ A data-scaling point has to measure what that much data buys, not how many steps
 - read only part of its trajectories (``train_tokens``): the rows of a seeded sample whose completions hold that
   many tokens; a larger value's rows hold every row of a smaller one (nested subsets, ``nested_rows``);
 - stop after ``max_epochs`` passes over its examples (``max_steps`` stays the cap above it, and sets the schedule);
-- stop when the held-out check has not improved for ``patience`` checks in a row (never before the end of the
-  warmup and of the first pass). The value watched is the mean over
+- stop when the held-out check has not improved for ``patience`` checks in a row spanning a whole pass (and never
+  before the end of the warmup). The value watched is the mean over
   the held-out sources of ``eval/<source>/<stop_metric>``; the run's ``drafter/`` is then the export of the best
   check, which is saved when it happens.
 
@@ -61,15 +61,16 @@ def heldout_value(result: dict[str, Any], metric: str) -> float | None:
 
 class Plateau:
     """Counts held-out checks since the best one. ``update`` says ``best`` (a new best: keep this step's weights),
-    ``wait`` or ``stop`` (``patience`` checks in a row without a new best, and not before step ``min_steps``: the
-    trainer's end of warmup and of the first pass, so that a run on little data is not stopped while its learning
-    rate still climbs or before it has seen its data once). A check without the metric is a ``wait`` that does not
-    count. Its state goes into checkpoints, so a resumed run keeps counting."""
+    ``wait`` or ``stop``: ``patience`` checks in a row without a new best, spanning at least ``min_gap`` steps since
+    the best (the trainer's one pass over the data), and not before step ``min_steps`` (the end of the warmup). So a
+    run stops when a whole pass brings nothing new, whatever its size: a small set's checks come every few steps, and
+    three of them in a row are noise, not a plateau (at 3k tokens a check comes every 6 steps). A check without the
+    metric is a ``wait`` that does not count. Its state goes into checkpoints, so a resumed run keeps counting."""
 
-    def __init__(self, patience: int, metric: str, min_steps: int = 0) -> None:
+    def __init__(self, patience: int, metric: str, min_steps: int = 0, min_gap: int = 0) -> None:
         if patience < 1:
             raise ValueError(f"trainer.patience={patience} must be at least 1 (null: no early stop)")
-        self.patience, self.metric, self.min_steps = patience, metric, min_steps
+        self.patience, self.metric, self.min_steps, self.min_gap = patience, metric, min_steps, min_gap
         self.best: float | None = None
         self.best_step: int | None = None
         self.since = 0
@@ -82,7 +83,8 @@ class Plateau:
             self.best, self.best_step, self.since = value, step, 0
             return "best"
         self.since += 1
-        return "stop" if self.since >= self.patience and step >= self.min_steps else "wait"
+        stalled = self.since >= self.patience and step - self.best_step >= self.min_gap
+        return "stop" if stalled and step >= self.min_steps else "wait"
 
     def state(self) -> dict[str, Any]:
         return {"best": self.best, "best_step": self.best_step, "since": self.since}

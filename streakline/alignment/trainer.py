@@ -240,7 +240,7 @@ class Trainer:
         patience = cfg.get("patience")
         per_pass = -(-len(windows) // (cfg.micro_batch_size * cfg.grad_accum * strategy.world_size))
         self.plateau = (
-            Plateau(patience, cfg.get("stop_metric", "sim_streak"), min_steps=max(cfg.warmup_steps, per_pass))
+            Plateau(patience, cfg.get("stop_metric", "sim_streak"), min_steps=cfg.warmup_steps, min_gap=per_pass)
             if patience
             else None
         )

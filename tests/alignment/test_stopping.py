@@ -49,9 +49,10 @@ def test_plateau_stops_after_patience_checks_without_a_new_best():
         Plateau(patience=0, metric="sim_streak")
 
 
-def test_plateau_never_stops_before_min_steps():
-    """The trainer passes the end of warmup and of the first pass: a run on little data whose checks stall while its
-    learning rate still climbs waits, and stops at the first stalled check from there on."""
-    stop = Plateau(patience=1, metric="m", min_steps=30)
-    checks = [(10, 2.0), (20, 1.0), (30, 1.0), (40, 1.0)]
-    assert [stop.update(s, {"eval/x/m": v}) for s, v in checks] == ["best", "wait", "stop", "stop"]
+def test_plateau_waits_for_the_warmup_and_a_whole_pass_without_a_new_best():
+    """The trainer passes the end of warmup (min_steps) and one pass (min_gap): checks that stall while the learning
+    rate still climbs, or for less than a pass, are a wait; the first stalled check a pass after the best stops."""
+    stop = Plateau(patience=1, metric="m", min_steps=15, min_gap=20)
+    checks = [(5, 2.0), (10, 1.0), (15, 1.0), (20, 1.0), (25, 1.0), (30, 3.0), (40, 1.0), (50, 1.0)]
+    got = [stop.update(s, {"eval/x/m": v}) for s, v in checks]
+    assert got == ["best", "wait", "wait", "wait", "stop", "best", "wait", "stop"]

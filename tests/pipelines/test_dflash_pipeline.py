@@ -137,7 +137,8 @@ def test_other_losses_train_dflash_drafters_and_evaluate_runs_them(world, dflash
     assert start.drafter in (str(dflash_run.folder / "init"), str(res.folder / "init"))
     assert [m.name for m in found].count("dflash:base") == 1  # one seeded start: one row
     base = discover(attach_world(_cfg(world, "evaluate", DFLASH), False))
-    assert {m.name: m.decoder for m in base}["dflash:base"] == "dflash_draft" and "ar_draft" not in {m.name for m in base}
+    names = {m.name: m.decoder for m in base}
+    assert names["dflash:base"] == "dflash_draft" and "ar_draft" not in names
     method = f"{{name: dflash, decoder: dflash_draft, drafter: '{dflash_run.artifact}'}}"
     result = run_stage(
         _cfg(world, "evaluate", f"stage.methods=[{method}]", "stage.prompts=2", "stage.temperatures=[0.0]",
