@@ -44,6 +44,16 @@ def nested_rows(completion_lengths: np.ndarray, tokens: int, seed: int = SUBSET_
     return np.sort(order[:n]), int(total[n - 1]) if n else 0
 
 
+def step_examples(trainer, world_size: int) -> int:
+    """Examples one optimizer step reads: ``micro_batch_size x grad_accum`` on each of ``world_size`` ranks."""
+    return trainer.micro_batch_size * trainer.grad_accum * world_size
+
+
+def pass_steps(examples: int, per_step: int) -> int:
+    """Optimizer steps in one pass over ``examples`` at ``per_step`` a step (the last one partial)."""
+    return -(-examples // per_step)
+
+
 def epoch_steps(*, max_steps: int, max_epochs: float | None, examples: int, per_step: int) -> int:
     """Optimizer steps for ``max_epochs`` passes over ``examples`` at ``per_step`` examples a step (at least one),
     capped at ``max_steps``; ``max_steps`` itself without an epoch cap."""

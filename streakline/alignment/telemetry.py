@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .stopping import step_examples
+
 # Dense bf16 tensor-core peaks in TFLOP/s per device, from NVIDIA's datasheets (the "with sparsity" figures are
 # twice these and no training step reaches them). Matched in order against torch.cuda.get_device_name, so the
 # PCIe and NVL H100s come before the SXM one ("NVIDIA H100 80GB HBM3").
@@ -357,7 +359,7 @@ def run_metadata(strategy, engine, windows, cfg, params: dict[str, int] | None =
         "device": device_name(strategy.device),
         "micro_batch_size": cfg.micro_batch_size,
         "grad_accum": cfg.grad_accum,
-        "global_batch": cfg.micro_batch_size * cfg.grad_accum * world,
+        "global_batch": step_examples(cfg, world),
         "windows_per_example": windows.windows_per_seq,
         "zero_stage": cfg.zero_stage,
         "precision": cfg.precision,

@@ -44,7 +44,7 @@ from streakline.models import Transformer
 from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
 from .pretrain import window_noise
-from .stopping import Plateau
+from .stopping import Plateau, pass_steps, step_examples
 from .telemetry import Telemetry, is_wall_clock, run_metadata
 from .windows import slot_rows
 
@@ -238,7 +238,7 @@ class Trainer:
         self.last_export: Path | None = None
         # trainer.patience: stop on a held-out plateau; the best check's export is the run's drafter (stopping.py)
         patience = cfg.get("patience")
-        per_pass = -(-len(windows) // (cfg.micro_batch_size * cfg.grad_accum * strategy.world_size))
+        per_pass = pass_steps(len(windows), step_examples(cfg, strategy.world_size))
         self.plateau = (
             Plateau(patience, cfg.get("stop_metric", "sim_streak"), min_steps=cfg.warmup_steps, min_gap=per_pass)
             if patience

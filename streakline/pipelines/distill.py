@@ -49,7 +49,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from streakline.alignment.losses import TEACHER_LOSSES
-from streakline.alignment.stopping import epoch_steps
+from streakline.alignment.stopping import epoch_steps, pass_steps, step_examples
 from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, config_hash, find_complete, read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.world import attach_world
@@ -216,7 +216,7 @@ class Distill(Stage):
             teacher=stored_teacher,
             features=features,
         )
-        per_step = cfg.trainer.micro_batch_size * cfg.trainer.grad_accum * strategy.world_size
+        per_step = step_examples(cfg.trainer, strategy.world_size)
         steps = epoch_steps(max_steps=cfg.trainer.max_steps, max_epochs=cfg.trainer.max_epochs, examples=len(windows),
                             per_step=per_step)  # fmt: skip
         if steps != cfg.trainer.max_steps:  # the schedule and the loop follow it; the key keeps the settings
@@ -224,7 +224,7 @@ class Distill(Stage):
                   f"a step: {steps} steps (trainer.max_steps={cfg.trainer.max_steps} is the cap)")  # fmt: skip
             cfg.trainer.max_steps = steps
         if cfg.trainer.checks_per_epoch is not None:  # a check every 1/checks_per_epoch of a pass, whatever the size
-            cfg.trainer.eval_every = max(1, -(-len(windows) // per_step) // cfg.trainer.checks_per_epoch)
+            cfg.trainer.eval_every = max(1, pass_steps(len(windows), per_step) // cfg.trainer.checks_per_epoch)
             print(f"distill: trainer.checks_per_epoch={cfg.trainer.checks_per_epoch}: a held-out check every "
                   f"{cfg.trainer.eval_every} steps")  # fmt: skip
         engine = strategy.setup(module)
