@@ -17,9 +17,11 @@
 #   decode          stage=decode on the micro world, vanilla and diffusion_draft; their tokens must be equal (T=0)
 #   dflash          a DFlash drafter (micro-dflash) trained with dflash_ce under ZeRO-2 in bf16, then decoded with
 #                   dflash_draft: its tokens must be vanilla's (T=0)
+#   dflash_zero3    the same under ZeRO-3: the held-out check runs on the export gathered to the CPU
 #
 #     bash bench/gpu.sh                           # logs in runs/gpu_check/<part>.log, a summary at the end
 #     OUT=/tmp/check PYTHON=python3 bash bench/gpu.sh
+#     ONLY="distill_zero3 dflash_zero3" bash bench/gpu.sh   # only these parts (and setup): rerun what failed
 #
 # Each part writes its log to $OUT/<part>.log (default runs/gpu_check) and has a time limit (TIMEOUT_SCALE=2 doubles
 # them all); a failing part does not stop the others, and the summary gives each part's exit status and seconds.
@@ -33,7 +35,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-runs/gpu_check}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-PARTS=(setup kernel_tests bench_kernels gpu_decode distill_zero2 distill_zero3 decode dflash)
+PARTS=(setup kernel_tests bench_kernels gpu_decode distill_zero2 distill_zero3 decode dflash dflash_zero3)
 for p in "${PARTS[@]}"; do rm -f "$OUT/$p.log"; done  # a part that fails early must not leave an old log standing
 rm -f "$OUT/gpu_decode.json"
 WHEELS=${WHEELS:-wheels}
@@ -73,6 +75,10 @@ record() { names+=("$1"); rcs+=("$2"); secs+=("$3"); notes+=("$4"); }
 part() {  # part <name> <limit s> <command...>: run it with its output in $OUT/<name>.log
     local name=$1 limit=$(($2 * SCALE)) t0=$SECONDS rc note=""
     shift 2
+    if [ -n "${ONLY:-}" ] && [ "$name" != setup ] && [[ " $ONLY " != *" $name "* ]]; then
+        skip "$name" "not in ONLY"
+        return
+    fi
     echo "== $name (limit ${limit}s, log $OUT/$name.log)"
     if command -v timeout > /dev/null; then
         timeout --kill-after=15 "$limit" "$@" > "$OUT/$name.log" 2>&1
@@ -170,10 +176,11 @@ decode() {
     like_vanilla decoder=diffusion_draft
 }
 
-dflash() {  # a DFlash drafter (micro-dflash): trained under ZeRO-2 in the trainer's precision, then decoded losslessly
+dflash() {  # dflash [zero2|zero3]: a DFlash drafter (micro-dflash) trained under that ZeRO stage in the trainer's
+    # precision (under ZeRO-3 its held-out check runs on the gathered export), then decoded losslessly
     local out folder
     out=$("$PY" launch.py stage=distill "${WORLD[@]}" "${TRAIN[@]}" model.drafter=micro-dflash method=dflash_ce \
-        trainer=zero2 ${PRECISION[@]+"${PRECISION[@]}"} 2>&1)
+        "trainer=${1:-zero2}" ${PRECISION[@]+"${PRECISION[@]}"} 2>&1)
     local rc=$?
     echo "$out"
     [ $rc = 0 ] || return 1
@@ -201,7 +208,8 @@ part gpu_decode 200 "$PY" bench/gpu_decode.py "${DECODE_BENCH[@]}" ${GPU_DECODE_
 part distill_zero2 90 "$PY" launch.py stage=distill "${WORLD[@]}" "${TRAIN[@]}" trainer=zero2 ${PRECISION[@]+"${PRECISION[@]}"}
 part distill_zero3 90 "$PY" launch.py stage=distill "${WORLD[@]}" "${TRAIN[@]}" trainer=zero3 ${PRECISION[@]+"${PRECISION[@]}"}
 part decode 90 bash -c "$(declare -p WORLD); decode"
-part dflash 120 bash -c "$(declare -p WORLD TRAIN PRECISION); dflash"
+part dflash 120 bash -c "$(declare -p WORLD TRAIN PRECISION); dflash zero2"
+part dflash_zero3 120 bash -c "$(declare -p WORLD TRAIN PRECISION); dflash zero3"
 
 echo
 echo "summary ($((SECONDS - t_all)) s; logs in $OUT)"
@@ -216,7 +224,8 @@ if [ -f "$OUT/gpu_decode.log" ]; then
     sed -n '/^summary of the speed goals/,$p' "$OUT/gpu_decode.log"
 fi
 # the planner against the measured CUDA peak (pipelines/distill.py prints it at the end of every GPU distill)
-plan_lines=$(grep -h "the plan's peak on\|the plan said" "$OUT"/distill_zero2.log "$OUT"/distill_zero3.log "$OUT"/dflash.log 2>/dev/null)
+plan_lines=$(grep -h "the plan's peak on\|the plan said" "$OUT"/distill_zero2.log "$OUT"/distill_zero3.log "$OUT"/dflash.log \
+    "$OUT"/dflash_zero3.log 2>/dev/null)
 if [ -n "$plan_lines" ]; then
     echo
     echo "the plan against the measured peaks (docs/planning.md):"

@@ -234,7 +234,10 @@ class Distill(Stage):
         def export(step: int, state: dict[str, torch.Tensor]) -> Path:
             model, folder = trainee.export(state, out / "checkpoints" / f"step-{step:06d}", step)
             if evaluator is not None and not strategy.live_weights_are_whole:  # ZeRO-3: evaluate the export
-                result = evaluator(step, model)
+                # gathered on the CPU in fp32: check it where and as the live drafter runs, beside the verifier (a
+                # DFlash drafter drafts through the verifier's own embedding and head)
+                ref = next(evaluator.verifier.parameters())
+                result = evaluator(step, model.to(device=ref.device, dtype=ref.dtype))
                 if result:
                     tracker.log(result, step=step)
             return folder
