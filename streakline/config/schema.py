@@ -342,6 +342,9 @@ class TrainerConfig:
     eval_prompts: int = 16  # per source, for the simulated streak and the decoder check
     windows_per_seq: int = 8  # windows packed per trajectory (prefix_causal drafters)
     stride: int = 1  # completion positions between window offsets
+    # right-pad each batch's trajectories to a multiple of this many tokens (never attended, never labelled): with
+    # repeated shapes the allocator reuses its blocks (alignment/data.py); 1: the longest row of the batch
+    pad_multiple: int = 64
     lora: LoraConfig = field(default_factory=LoraConfig)
     wandb_project: str | None = "streakline"
     # synchronise the device around every phase of a step, so the logged time split (time/data, time/teacher, ...)

@@ -390,7 +390,7 @@ def _trainer(cfg: DictConfig) -> None:
     _at_least(cfg, "trainer.warmup_steps", 0)
     for key in (
         "max_steps", "micro_batch_size", "grad_accum", "save_every", "eval_every", "log_every", "windows_per_seq",
-        "stride",
+        "stride", "pad_multiple",
     ):  # fmt: skip
         _at_least(cfg, f"trainer.{key}", 1)
     _at_least(cfg, "trainer.train_tokens", 1, optional=True)

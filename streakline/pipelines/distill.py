@@ -66,6 +66,8 @@ CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
     "keep_exports", "profile", "plan_check",
 )  # fmt: skip
+# Shapes only: padding is never attended nor labelled, so it moves the drafter by float rounding alone
+SHAPES = ("pad_multiple",)
 
 
 class Distill(Stage):
@@ -166,6 +168,8 @@ class Distill(Stage):
         if trainer.pop("resume_from", None):
             trainer["resume_from"] = _resume_source(cfg)
         trainer.pop("init_from", None)  # prepare() made it the drafter's path, which the key holds
+        for k in SHAPES:
+            trainer.pop(k, None)
         trainer.pop("autocast", None)  # the setting: what it resolves to here is the key's "autocast" (below)
         kind = drafter_kind(cfg)
         return {
@@ -215,6 +219,7 @@ class Distill(Stage):
             seed=cfg.seed,
             teacher=stored_teacher,
             features=features,
+            pad_multiple=cfg.trainer.pad_multiple,
         )
         per_step = step_examples(cfg.trainer, strategy.world_size)
         steps = epoch_steps(max_steps=cfg.trainer.max_steps, max_epochs=cfg.trainer.max_epochs, examples=len(windows),

@@ -106,11 +106,12 @@ def _model() -> Transformer:
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("shift", [False, True])
-def test_packed_logits_equal_one_window_per_forward(shift):
+@pytest.mark.parametrize(("shift", "pad"), [(False, 1), (True, 1), (True, 8)])
+def test_packed_logits_equal_one_window_per_forward(shift, pad):
     model = _model()
-    w = TrajectoryWindows(_dataset(), gamma=G, mask_id=MASK, windows_per_seq=3, seed=1)
+    w = TrajectoryWindows(_dataset(), gamma=G, mask_id=MASK, windows_per_seq=3, seed=1, pad_multiple=pad)
     batch = next(w.batches(6))
+    assert batch.clean.shape[1] % pad == 0
     packed = batch.pack(MASK, shift=shift)
     real = batch.window_valid
     assert (~real).any() and (~batch.valid[real]).any()  # the batch has filler windows and slots past the end
@@ -195,6 +196,30 @@ def test_max_len_drops_windows_that_reach_past_it():
     assert int(batch.pack(MASK, shift=True).position_ids.max()) < max_len
     with pytest.raises(ValueError, match="no draft windows"):
         TrajectoryWindows(_dataset(lengths=[(5, 3), (6, 1)]), gamma=G, mask_id=MASK, max_len=G + 1)
+
+
+def test_padding_to_a_multiple_repeats_shapes_and_changes_nothing_else():
+    """pad_multiple right-pads the clean rows with masks (pad_valid False) to a multiple of it, never past max_len;
+    every other field of the batch is the unpadded one's."""
+    ds = _dataset()
+    plain = TrajectoryWindows(ds, gamma=G, mask_id=MASK, windows_per_seq=3, seed=2)
+    examples = list(range(len(plain)))
+    a = plain.collate(examples)
+    T = a.clean.shape[1]
+    for multiple, max_len, want in [(8, None, 24), (5, None, 20), (1, None, T), (64, 19, 19), (64, T, T)]:
+        w = TrajectoryWindows(ds, gamma=G, mask_id=MASK, windows_per_seq=3, seed=2, pad_multiple=multiple,
+                              max_len=max_len)  # fmt: skip
+        if max_len is not None and w.num_windows != plain.num_windows:
+            continue  # a max_len below a window's reach drops windows: not this comparison
+        b = w.collate(examples)
+        assert b.clean.shape == (len(examples), want)
+        assert torch.equal(b.clean[:, :T], a.clean) and (b.clean[:, T:] == MASK).all()
+        assert torch.equal(b.pad_valid[:, :T], a.pad_valid) and not b.pad_valid[:, T:].any()
+        for name in ("offsets", "window_valid", "labels", "valid", "rows"):
+            assert torch.equal(getattr(b, name), getattr(a, name)), name
+    assert T == 17  # the longest trajectory, (4, 13); the cases above are chosen around it
+    with pytest.raises(ValueError, match="pad_multiple must be >= 1"):
+        TrajectoryWindows(ds, gamma=G, mask_id=MASK, pad_multiple=0)
 
 
 def test_teacher_without_topk_names_the_fix():

@@ -102,6 +102,28 @@ def test_stored_features_train_like_the_online_verifier(tmp_path, monkeypatch, d
         assert offline[0].item() != online[0].item()
 
 
+@pytest.mark.parametrize("loss", ["dflash_ce", "ce_streak"])
+def test_padding_to_a_multiple_trains_like_the_longest_row(tmp_path, loss):
+    """Stored features padded with zeros to trainer.pad_multiple: the loss and every gradient are the unpadded
+    batch's, to float32 rounding (padding is never attended and never labelled)."""
+    verifier = _verifier()
+    module = DFlashTrainModule(_drafter(verifier), verifier, LossSettings(name=loss, chunk=13), temperature=0.8)
+    _store(tmp_path, _rows(), verifier, module.drafter.dflash.target_layer_ids, torch.float32)
+    dataset, stored = load_trajectories(tmp_path), StoredFeatures(tmp_path)
+    batches = []
+    for multiple in (1, 32):
+        windows = TrajectoryWindows(dataset, gamma=BLOCK - 1, mask_id=MASK, windows_per_seq=5, features=stored,
+                                    pad_multiple=multiple)  # fmt: skip
+        batches.append(windows.collate(list(range(len(windows)))))
+    plain, padded = batches
+    assert padded.clean.shape[1] == 32 > plain.clean.shape[1]
+    assert padded.features.shape[:2] == padded.clean.shape and not padded.features[~padded.pad_valid].any()
+    want, got = _loss_and_grads(module, plain), _loss_and_grads(module, padded)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    for name, grad in want[1].items():
+        torch.testing.assert_close(got[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_features_of_other_layers_or_rows_are_refused(tmp_path):
     verifier = _verifier()
     layers = (1, 3)
