@@ -350,9 +350,11 @@ def test_decoder_tables_derive_from_specs():
     specs = registry.DECODER_SPECS
     assert all(name == spec.name for name, spec in specs.items())
     assert set(registry.SPECULATIVE) == {n for n, s in specs.items() if s.family == "speculative"}
-    model_free = set(registry.MODEL_FREE_DRAFTERS.values())
-    assert set(registry.SPECULATIVE.values()) - {None} <= set(drafters.DRAFTERS.values()) | model_free
+    model_free, composite = set(registry.MODEL_FREE_DRAFTERS.values()), set(registry.COMPOSITE_DRAFTERS.values())
+    assert set(registry.SPECULATIVE.values()) - {None} <= set(drafters.DRAFTERS.values()) | model_free | composite
     assert not set(registry.MODEL_FREE_DRAFTERS) & set(drafters.DRAFTERS)  # a kind has a model or has none
+    assert not set(registry.COMPOSITE_DRAFTERS) & (set(drafters.DRAFTERS) | set(registry.MODEL_FREE_DRAFTERS))
+    assert all(registry.needs_drafter_model(n) for n in registry.COMPOSITE_DRAFTERS)  # lookup + a DFlash model
     assert {n for n in specs if not registry.needs_drafter_model(n)} == {
         "vanilla",
         *registry.MODEL_FREE_DRAFTERS,

@@ -74,8 +74,8 @@ BATCHINGS = ("continuous", "fixed")  # data.batching
 AUTO_BATCH_CAP = {"cpu": 64, "cuda": 256}
 TRAJECTORY_BACKENDS = ("native", "vllm")
 LONG_PROMPTS = ("error", "skip", "truncate")  # data.long_prompts
-DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "ngram", "static", "threshold", "spot",
-            "spiffy")  # fmt: skip
+DECODERS = ("vanilla", "ar_draft", "diffusion_draft", "dflash_draft", "ngram", "dflash_lookup", "static", "threshold",
+            "spot", "spiffy")  # fmt: skip
 ACCEPTANCE_RULES = ("exact_greedy", "leviathan", "greedy_acceptance", "multidraft_leviathan")
 SELECTIONS = ("streak_score", "longest")
 ENGINES = ("auto", "eager", "static", "graphs")  # decoder.engine

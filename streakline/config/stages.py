@@ -89,6 +89,9 @@ class EvaluateStage(StageConfig):
     drafter_temperature_grid: list[float] = field(default_factory=lambda: [0.1, 1.0, 1.5, 2.0])
     grid_temperature: float = 0.0  # verifier temperature of the Fig. 5 grid
     ngram: bool = True  # add the training-free prompt-lookup row (decoder=ngram) every trained drafter must beat
+    # also decode each distilled DFlash drafter with decoder=dflash_lookup (prompt lookup where it matches, the
+    # drafter elsewhere), as dflash_lookup:<loss>
+    lookup: bool = False
     block: bool = True  # add static / threshold / spiffy / spot rows when their artifacts exist
     threads: int = 1  # torch threads per evaluation process (wall-clock numbers on a shared machine)
     figures: bool = True

@@ -263,16 +263,28 @@ class DFlashDrafter(_CachedDrafter):
     def propose(
         self, new_ids, new_valid, *, gamma: int, K: int, generator, iid: bool, features=None, feature_valid=None
     ) -> Proposal:
+        self.check_gamma(gamma)
+        self.absorb(features, feature_valid)
+        return self.draft(new_ids[:, -1], gamma=gamma, K=K, generator=generator, iid=iid)
+
+    def check_gamma(self, gamma: int) -> None:
         block_size = self.model.dflash.block_size
         if gamma > block_size - 1:
             raise ValueError(
                 f"a DFlash drafter with block size {block_size} drafts at most {block_size - 1} tokens a cycle; "
                 f"got gamma={gamma} (set decoder.gamma <= {block_size - 1})"
             )
+
+    def absorb(self, features: torch.Tensor | None, feature_valid: torch.Tensor | None) -> None:
+        """Add the verifier's states of the tokens cached since the last call to the drafter's context (cheap: its
+        projection and each layer's keys and values, no draft); every cycle must, drafted or not."""
         if features is None:
             raise ValueError("a DFlash drafter drafts from the verifier's layer states: pass features (generate does)")
         self.model.add_context(features, self.cache, feature_valid)
-        block = block_inputs(new_ids[:, -1], gamma + 1, self.model.dflash.mask_token_id)
+
+    def draft(self, pending: torch.Tensor, *, gamma: int, K: int, generator, iid: bool) -> Proposal:
+        """One drafter forward over ``[pending, MASK x gamma]`` after the absorbed context: K chains and their q."""
+        block = block_inputs(pending, gamma + 1, self.model.dflash.mask_token_id)
         logits = self.model.draft(block, self.cache)[:, 1:]  # slot 0 holds the pending token itself
         logits = self.model.target_logits(logits)  # a draft vocabulary's N columns over the whole vocabulary
         q = draft_distribution(_restrict(logits, self.allowed), self.temperature, self.top_k)

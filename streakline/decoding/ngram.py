@@ -81,6 +81,15 @@ class NgramDrafter:
             raise ValueError(f"ngram proposes one chain per cycle (K=1), got K={K}")
         if self.vocab_size is None:
             raise ValueError("NgramDrafter needs vocab_size (the verifier's) for its one-hot q")
+        drafts = self.lookups(new_ids, new_valid, gamma)
+        width = max((len(d) for d in drafts), default=0) if self.trim else gamma
+        tokens = self.chains(drafts, width).to(new_ids.device)
+        # q is one-hot on the draft: Proposal.distribution() builds it only for a rule that reads q
+        return Proposal(tokens=tokens, q=None, forwards=0, point_mass_vocab=self.vocab_size)
+
+    def lookups(self, new_ids: torch.Tensor, new_valid: torch.Tensor | None, gamma: int) -> list[np.ndarray]:
+        """Each row's draft (up to ``gamma`` tokens, empty without a match), after adding the tokens committed since
+        the last call (``new_ids`` ``[B, n]``, ``new_valid`` marking the real ones of a ragged batch) to its context."""
         ids = new_ids.cpu().numpy()
         valid = None if new_valid is None else new_valid.cpu().numpy()
         drafts = []
@@ -88,11 +97,14 @@ class NgramDrafter:
             new = ids[b] if valid is None else ids[b][valid[b]]
             self.rows[b] = np.concatenate([self.rows[b], new])
             drafts.append(lookup(self.rows[b], n_min=self.n_min, n_max=self.n_max, k=gamma))
-        width = max((len(d) for d in drafts), default=0) if self.trim else gamma
+        return drafts
+
+    def chains(self, drafts: list[np.ndarray], width: int) -> torch.Tensor:
+        """``[B, 1, width]`` draft chains: each draft padded by repeating its last token (a row without one: its
+        pending token), so the padding is one-hot too and every acceptance rule stays exact."""
         tokens = torch.zeros(len(drafts), 1, width, dtype=torch.long)
         for b, d in enumerate(drafts):
-            if width:  # pad a short draft with its last token (a row without one: its pending token)
+            if width:
                 fill = d[-1] if len(d) else self.rows[b][-1]
                 tokens[b, 0] = torch.from_numpy(np.concatenate([d, np.full(width - len(d), fill, dtype=np.int64)]))
-        # q is one-hot on the draft: Proposal.distribution() builds it only for a rule that reads q
-        return Proposal(tokens=tokens.to(new_ids.device), q=None, forwards=0, point_mass_vocab=self.vocab_size)
+        return tokens

@@ -14,6 +14,7 @@ runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_deco
 | ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
 | ``dflash_draft`` | a DFlash block drafted from the verifier's layer states, K chains | verifier + DFlash drafter |
 | ``ngram`` | prompt lookup: what followed the context's last n tokens earlier, no model (``ngram.py``) | verifier |
+| ``dflash_lookup`` | lookup where it matches, else dflash_draft (``lookup_first.py``) | verifier + DFlash drafter |
 | ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
 | ``spot`` / ``spiffy`` | a drafted tree / graph of block states, verified in one batched forward | target + artifact |
 
@@ -40,13 +41,18 @@ from streakline.models.dflash import DFlashModel
 
 from .block_diffusion import BlockDecodeConfig
 from .drafters import DRAFTERS, ARDrafter, DFlashDrafter, DiffusionDrafter
+from .lookup_first import LookupFirstDrafter
 from .ngram import NgramDrafter
 from .speculative import SpecConfig
 
 DECODER_FAMILIES = ("speculative", "block")
 # drafters that run no model: built from the decoder settings alone (no drafter role, checkpoint or training)
 MODEL_FREE_DRAFTERS = {"ngram": NgramDrafter}
-_DRAFTER_CLASSES = {**DRAFTERS, **MODEL_FREE_DRAFTERS}
+# drafters made of others: prompt lookup in front of a DFlash drafter model
+COMPOSITE_DRAFTERS = {"dflash_lookup": LookupFirstDrafter}
+_DRAFTER_CLASSES = {**DRAFTERS, **MODEL_FREE_DRAFTERS, **COMPOSITE_DRAFTERS}
+# the drafters that draft with a DFlash model: shared with the verifier, gamma = its block size - 1
+_DFLASH = (DFlashDrafter, LookupFirstDrafter)
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ DECODER_SPECS: dict[str, DecoderSpec] = {
         DecoderSpec("diffusion_draft", "speculative", drafted=True, reference=False, needs="verifier + drafter", drafter="diffusion"),  # noqa: E501
         DecoderSpec("dflash_draft", "speculative", drafted=True, reference=False, needs="verifier + DFlash drafter", drafter="dflash"),  # noqa: E501
         DecoderSpec("ngram", "speculative", drafted=True, reference=False, needs="verifier", drafter="ngram"),
+        DecoderSpec("dflash_lookup", "speculative", drafted=True, reference=False, needs="verifier + DFlash drafter", drafter="dflash_lookup"),  # noqa: E501
         DecoderSpec("static", "block", drafted=False, reference=True, needs="target"),
         DecoderSpec("threshold", "block", drafted=False, reference=True, needs="target"),
         DecoderSpec("spot", "block", drafted=True, reference=False, needs="target + artifact"),
@@ -89,7 +96,7 @@ DECODER_SPECS: dict[str, DecoderSpec] = {
     )
 }  # fmt: skip
 
-SPECULATIVE: dict[str, type[ARDrafter] | type[DiffusionDrafter] | type[DFlashDrafter] | type[NgramDrafter] | None] = {
+SPECULATIVE: dict[str, type | None] = {
     s.name: _DRAFTER_CLASSES[s.drafter] if s.drafter is not None else None
     for s in DECODER_SPECS.values()
     if s.family == "speculative"
@@ -173,12 +180,20 @@ def speculative_setup(
         if drafter_model is None:
             raise ValueError(f"decoder={name} needs a drafter model")
         _check_pairing(name, kind, drafter_model)
-        if kind is DFlashDrafter:
+        if kind in _DFLASH:
             if verifier is None:
                 raise ValueError(f"decoder={name} drafts with the verifier's embedding and head: pass verifier=")
             drafter_model.share(verifier)
             gamma_default = drafter_model.dflash.block_size - 1
-        drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
+        if kind is LookupFirstDrafter:
+            if decoder.K > 1:
+                raise ValueError(f"dflash_lookup proposes one chain per cycle; got decoder.K={decoder.K}")
+            vocab = verifier.output_weight.shape[0]
+            model = DFlashDrafter(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
+            lookup = NgramDrafter(n_max=decoder.ngram_max, n_min=decoder.ngram_min, vocab_size=vocab)
+            drafter = LookupFirstDrafter(model, lookup)
+        else:
+            drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
     gamma = decoder.gamma if decoder.gamma is not None else gamma_default
     spec = SpecConfig(
         max_new_tokens=decoder.max_new_tokens,
@@ -200,16 +215,16 @@ def _check_pairing(name: str, kind: type, drafter_model) -> None:
     """A DFlash drafter drafts only under ``dflash_draft`` (it reads the verifier's layer states), and that decoder
     only runs a DFlash drafter."""
     is_dflash = isinstance(drafter_model, DFlashModel)
-    if kind is DFlashDrafter and not is_dflash:
+    if kind in _DFLASH and not is_dflash:
         raise ValueError(
             f"decoder={name} runs a DFlash drafter, but the drafter is a plain transformer; use a DFlash preset or "
             "export (model.drafter=micro-dflash, model.drafter.path=<a DFlash folder>) or another decoder "
             "(diffusion_draft, ar_draft)"
         )
-    if kind is not DFlashDrafter and is_dflash:
+    if kind not in _DFLASH and is_dflash:
         raise ValueError(
             f"decoder={name} cannot run a DFlash drafter (it drafts from the verifier's layer states, with the "
-            "verifier's embedding and head): use decoder=dflash_draft"
+            "verifier's embedding and head): use decoder=dflash_draft or dflash_lookup"
         )
 
 

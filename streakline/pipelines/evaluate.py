@@ -8,7 +8,8 @@ losslessness checked on every run; ``results.json``, ``results.md`` and the figu
         drafter: /ckpt/my-drafter, K: 4}]'
 
 Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of every speculative row), ``ngram``
-(prompt lookup, no model: the baseline a trained drafter must beat; ``stage.ngram=false`` leaves it out),
+(prompt lookup, no model: the baseline a trained drafter must beat; ``stage.ngram=false`` leaves it out; with
+``stage.lookup=true`` each DFlash run also decodes as ``dflash_lookup:<method>``, lookup first, the drafter elsewhere),
 ``ar_draft`` (the model preset's drafter run autoregressively), ``base`` (the preset's diffusion drafter,
 unaligned: step 0 of Fig. 7), every complete ``stage=distill`` run of this experiment (labelled by its method, with
 its training steps; DFlash runs as ``dflash:<method>``, decoded with ``dflash_draft``, and ``dflash:base``, the
@@ -177,6 +178,10 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
         label = name if names.count(name) == 1 else f"{name}@{Path(r['folder']).name}"
         drafter, decoder = str(Path(r["folder"]) / "drafter"), r["decoder"]
         methods.append(EvalMethod(label, decoder, drafter=drafter, steps=r["steps"], distill_loss=r["method"]))
+        if ev.lookup and decoder == "dflash_draft":  # the same drafter behind prompt lookup (decoding/lookup_first.py)
+            hybrid = line_name(r["method"], "dflash_lookup") + label.removeprefix(name)
+            methods.append(EvalMethod(hybrid, "dflash_lookup", drafter=drafter, steps=r["steps"],
+                                      distill_loss=r["method"]))  # fmt: skip
         # the run's intermediate checkpoints: Fig. 7 points at one temperature (the final one is the row above)
         for steps, folder in distill_checkpoints(r):
             if steps != r["steps"]:

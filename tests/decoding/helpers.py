@@ -67,7 +67,7 @@ def sampled_pairs(model: Transformer, drafter, prompt: list[int], samples: int, 
         p1 = torch.softmax(model(torch.tensor([prompt]))[0, -1], -1)
         p2 = torch.softmax(model(torch.tensor([prompt + [a] for a in range(V)]))[:, -1], -1)
     exact = p1[:, None] * p2
-    chains = 1 if getattr(drafter, "kind", None) == "ngram" else 3
+    chains = 1 if getattr(drafter, "kind", None) in ("ngram", "dflash_lookup") else 3  # one-chain drafters
     out = {}
     for rule, K in (("greedy_acceptance", chains), ("leviathan", 1)):
         cfg = SpecConfig(max_new_tokens=2, gamma=gamma, K=K, temperature=1.0, acceptance=rule, seed=3)

@@ -139,13 +139,22 @@ def test_other_losses_train_dflash_drafters_and_evaluate_runs_them(world, dflash
     base = discover(attach_world(_cfg(world, "evaluate", DFLASH), False))
     names = {m.name: m.decoder for m in base}
     assert names["dflash:base"] == "dflash_draft" and "ar_draft" not in names
-    method = f"{{name: dflash, decoder: dflash_draft, drafter: '{dflash_run.artifact}'}}"
+    # stage.lookup=true: every DFlash run also decodes behind prompt lookup (decoder=dflash_lookup)
+    hybrid = {
+        m.name: m for m in discover(attach_world(_cfg(world, "evaluate", "stage.lookup=true"), False)) if not m.curve
+    }
+    assert set(hybrid) - set(named) == {"dflash_lookup:dflash_ce", "dflash_lookup:ce_streak"}
+    looked = hybrid["dflash_lookup:ce_streak"]
+    assert (looked.decoder, looked.drafter, looked.steps) == ("dflash_lookup", ce_streak.drafter, ce_streak.steps)
+    methods = [f"{{name: {name}, decoder: {decoder}, drafter: '{dflash_run.artifact}'}}"
+               for name, decoder in (("dflash", "dflash_draft"), ("hybrid", "dflash_lookup"))]  # fmt: skip
     result = run_stage(
-        _cfg(world, "evaluate", f"stage.methods=[{method}]", "stage.prompts=2", "stage.temperatures=[0.0]",
+        _cfg(world, "evaluate", f"stage.methods=[{','.join(methods)}]", "stage.prompts=2", "stage.temperatures=[0.0]",
              "stage.benchmarks=[tiny-math]", "stage.max_new_tokens=8", "stage.block=false", "stage.figures=false")
     )  # fmt: skip
     records = {r["method"]: r for r in result.details["records"]}
     assert records["dflash"]["lossless"] and records["dflash"]["settings"]["gamma"] == 4
+    assert records["hybrid"]["lossless"] and records["hybrid"]["settings"]["gamma"] == 4
 
 
 # ZeRO-3 only: it partitions the weights as well as what ZeRO-2 partitions, and the DFlash drafter's shared frozen

@@ -1,0 +1,130 @@
+"""decoder=dflash_lookup (``decoding/lookup_first.py``): prompt lookup where it matches, the DFlash drafter
+elsewhere. Lossless as every drafter: vanilla's greedy tokens on ragged batches whose rows mix both drafters in one
+cycle, the DFlash rows' q equal to the drafter's from-scratch forward over the verifier's states of every committed
+token (lookup cycles included), and the verifier's distribution at T=1; the decoder's setup and refusals."""
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from streakline.decoding.drafters import DFlashDrafter
+from streakline.decoding.lookup_first import LookupFirstDrafter
+from streakline.decoding.ngram import NgramDrafter, lookup
+from streakline.decoding.registry import needs_drafter_model, speculative_setup
+from streakline.decoding.speculative import SpecConfig, generate
+from streakline.models.dflash import block_inputs
+from tests.decoding.helpers import sampled_pairs, verifier
+from tests.decoding.test_dflash import _dflash
+
+# rows with repeats (lookup matches from the start), one without (the DFlash drafter drafts), short ones
+PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [6, 7, 8, 9], [2, 9, 4, 2, 9, 4, 2, 9], [3, 1]]
+
+
+class Checked(LookupFirstDrafter):
+    """Records, for every cycle, which rows lookup drafted, and checks each DFlash-drafted row's q against the
+    drafter's uncached forward over the verifier's states of the row's whole committed sequence."""
+
+    def __init__(self, model_drafter, lookup_drafter, verifier_model) -> None:
+        super().__init__(model_drafter, lookup_drafter)
+        self.verifier = verifier_model
+        self.worst, self.checks, self.mixed = 0.0, 0, 0
+
+    def reset(self, batch_size, capacity, engine=None):
+        super().reset(batch_size, capacity, engine)
+        self.seqs = [[] for _ in range(batch_size)]
+
+    def keep_rows(self, index):
+        super().keep_rows(index)
+        self.seqs = [self.seqs[i] for i in index.tolist()]
+
+    def propose(self, new_ids, new_valid, *, gamma, K, generator, iid, features=None, feature_valid=None):
+        for r in range(new_ids.shape[0]):
+            row = new_ids[r] if new_valid is None else new_ids[r][new_valid[r]]
+            self.seqs[r] += row.tolist()
+        out = super().propose(new_ids, new_valid, gamma=gamma, K=K, generator=generator, iid=iid, features=features,
+                              feature_valid=feature_valid)  # fmt: skip
+        looked = [len(lookup(np.array(s), n_min=self.lookup.n_min, n_max=self.lookup.n_max, k=gamma)) > 0
+                  for s in self.seqs]  # fmt: skip
+        self.mixed += any(looked) and not all(looked)
+        drafter = self.model_drafter
+        with torch.no_grad():
+            for r, seq in enumerate(self.seqs):
+                if looked[r]:  # lookup's draft: q one-hot on it
+                    q = out.distribution()[r]
+                    assert torch.equal(q.argmax(-1), out.tokens[r, 0]) and torch.equal(q.sum(-1), torch.ones(len(q)))
+                    continue
+                n = len(seq) - 1
+                feats = self.verifier.hidden(torch.tensor([seq[:-1]]), aux_layers=self.feature_layers)[1]
+                logits = drafter.model(
+                    block_inputs(torch.tensor([seq[-1]]), gamma + 1, drafter.model.dflash.mask_token_id),
+                    torch.arange(n, n + gamma + 1)[None],
+                    features=feats,
+                    feature_pos=torch.arange(n)[None],
+                )[0, 1:]
+                want = torch.softmax(logits / drafter.temperature, -1)
+                self.worst = max(self.worst, float((want - out.q[r]).abs().max()))
+                self.checks += 1
+        return out
+
+
+def _hybrid(model, checked=True, **dflash):
+    inner = DFlashDrafter(_dflash(model, **dflash), temperature=1.0, top_k=None)
+    ngram = NgramDrafter(n_max=3, n_min=2, vocab_size=model.config.vocab_size)
+    return Checked(inner, ngram, model) if checked else LookupFirstDrafter(inner, ngram)
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+@pytest.mark.parametrize("acceptance", ["greedy_acceptance", "exact_greedy", "leviathan"])
+def test_greedy_output_is_vanillas_with_both_drafters_in_one_batch(acceptance, engine):
+    model = verifier(seed=7)
+    want = generate(model, PROMPTS, SpecConfig(max_new_tokens=24, eos_token_id=5)).tokens
+    drafter = _hybrid(model)
+    cfg = SpecConfig(max_new_tokens=24, gamma=4, acceptance=acceptance, eos_token_id=5, engine=engine)
+    res = generate(model, PROMPTS, cfg, drafter=drafter)
+    assert res.tokens == want
+    assert drafter.mixed > 0  # cycles where some rows drafted by lookup and others by the DFlash drafter
+    assert res.metrics.drafter_forwards == drafter.cycles - drafter.lookup_cycles  # a forward a model cycle
+    assert drafter.checks > 0 and drafter.worst < 1e-5  # the DFlash context held every committed token
+
+
+def test_a_batch_that_lookup_drafts_alone_runs_no_drafter_forward():
+    model = verifier(seed=7)
+    prompt = [[2, 9, 4, 2, 9, 4, 2, 9, 4, 2, 9]]
+    drafter = _hybrid(model)
+    res = generate(model, prompt, SpecConfig(max_new_tokens=16, gamma=4), drafter=drafter)
+    assert res.tokens == generate(model, prompt, SpecConfig(max_new_tokens=16)).tokens
+    assert drafter.lookup_cycles >= 1 and res.metrics.drafter_forwards == drafter.cycles - drafter.lookup_cycles
+    assert drafter.checks > 0 and drafter.worst < 1e-5  # model cycles after lookup ones read every state
+
+
+def test_sampling_follows_the_verifier():
+    model = verifier(seed=11, vocab=6)
+    drafter = _hybrid(model, checked=False, std=0.3)
+    drafter.lookup.n_min = 1  # a 6-token vocabulary: 1-token matches, so rows part between the two drafters
+    for rule, (res, p) in sampled_pairs(model, drafter, [1, 2, 3, 1, 2], 4000).items():
+        assert res.metrics.accepted > 0, rule
+        assert p > 1e-3, rule
+    assert 0 < drafter.lookup_cycles < drafter.cycles
+
+
+def test_setup_shares_the_verifier_and_refuses_what_it_cannot_run():
+    model = verifier(seed=3)
+    decoder = OmegaConf.create(
+        {"name": "dflash_lookup", "K": 1, "gamma": None, "temperature": 0.0, "drafter_temperature": 0.0, "top_k": 64,
+         "acceptance": "greedy_acceptance", "selection": "streak_score", "argmax_chain": True, "max_new_tokens": 8,
+         "stop_strings": [], "ngram_max": 3, "ngram_min": 2}
+    )  # fmt: skip
+    assert needs_drafter_model("dflash_lookup")
+    dflash = _dflash(model, block=5)
+    spec, drafter = speculative_setup(decoder, dflash, gamma_default=2, verifier=model)
+    assert isinstance(drafter, LookupFirstDrafter) and spec.gamma == 4  # the block size - 1, not gamma_default
+    assert (drafter.lookup.n_min, drafter.lookup.n_max, drafter.lookup.vocab_size) == (2, 3, model.config.vocab_size)
+    with pytest.raises(ValueError, match="one chain"):
+        speculative_setup(OmegaConf.merge(decoder, {"K": 2}), dflash, verifier=model)
+    with pytest.raises(ValueError, match="plain transformer"):
+        speculative_setup(decoder, model, verifier=model)
+    with pytest.raises(ValueError, match="at most 4 tokens"):
+        generate(model, [[1, 2]], SpecConfig(max_new_tokens=4, gamma=5), drafter=drafter)
+    with pytest.raises(ValueError, match="one chain"):
+        generate(model, [[1, 2]], SpecConfig(max_new_tokens=4, gamma=2, K=2), drafter=drafter)
