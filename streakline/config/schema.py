@@ -373,6 +373,10 @@ class DecoderConfig:
     top_k: int | None = 64  # the drafter samples among its k most likely tokens; null: among all of them
     ngram_max: int = 4  # decoder=ngram: the longest context suffix looked up (decoding/ngram.py)
     ngram_min: int = 2  # and the shortest
+    # decoder=dflash_lookup: a row whose DFlash drafts lately earned fewer accepted tokens a cycle than this drafts
+    # nothing where lookup finds nothing (decoding/lookup_first.py); a DFlash cycle costing c vanilla steps breaks
+    # even at c - 1 (about 0.5 for SmolLM2 on 2 CPU cores); 0: always draft with the model
+    lookup_floor: float = 0.5
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
     # KV caches and forwards (ENGINES): auto = a static cache on one GPU (CUDA graphs once checked on a GPU:

@@ -433,7 +433,7 @@ def _decoder(cfg: DictConfig) -> None:
     _at_least(cfg, "decoder.gamma", 1, optional=True)
     for key in ("K", "max_new_tokens", "batch_size", "budget"):
         _at_least(cfg, f"decoder.{key}", 1)
-    for key in ("temperature", "drafter_temperature"):
+    for key in ("temperature", "drafter_temperature", "lookup_floor"):
         _at_least(cfg, f"decoder.{key}", 0)
     _at_least(cfg, "decoder.ngram_min", 1)
     if cfg.decoder.ngram_max < cfg.decoder.ngram_min:

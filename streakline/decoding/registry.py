@@ -191,7 +191,8 @@ def speculative_setup(
             vocab = verifier.output_weight.shape[0]
             model = DFlashDrafter(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
             lookup = NgramDrafter(n_max=decoder.ngram_max, n_min=decoder.ngram_min, vocab_size=vocab)
-            drafter = LookupFirstDrafter(model, lookup)
+            floor = getattr(decoder, "lookup_floor", None)  # absent from configs written before it existed
+            drafter = LookupFirstDrafter(model, lookup, floor=0.0 if floor is None else floor)
         else:
             drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
     gamma = decoder.gamma if decoder.gamma is not None else gamma_default

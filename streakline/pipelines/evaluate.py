@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import StageRun
 from streakline.config import ConfigError
+from streakline.config.schema import DecoderConfig
 from streakline.decoding.registry import BLOCK_DRAFTED
 from streakline.evaluation.figures import draw_all
 from streakline.evaluation.methods import EvalMethod
@@ -47,6 +48,8 @@ from .common.kinds import DRAFTER_KINDS, DrafterKind, drafter_kind, preset_rows
 from .common.lookup import distill_checkpoints, distill_runs, frozen_precision, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
+
+LOOKUP_FLOOR = DecoderConfig.lookup_floor
 
 
 class Evaluate(Stage):
@@ -255,4 +258,6 @@ def _decoder_key(decoder) -> dict[str, Any]:
     out = OmegaConf.to_container(decoder, resolve=True)
     if out.get("engine") == "auto":
         del out["engine"]
+    if out.get("lookup_floor") == LOOKUP_FLOOR:  # added later: at its default, earlier keys did not move
+        del out["lookup_floor"]
     return out

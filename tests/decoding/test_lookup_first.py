@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from streakline.decoding.drafters import DFlashDrafter
-from streakline.decoding.lookup_first import LookupFirstDrafter
+from streakline.decoding.lookup_first import PROBE_EVERY, LookupFirstDrafter
 from streakline.decoding.ngram import NgramDrafter, lookup
 from streakline.decoding.registry import needs_drafter_model, speculative_setup
 from streakline.decoding.speculative import SpecConfig, generate
@@ -25,10 +25,10 @@ class Checked(LookupFirstDrafter):
     """Records, for every cycle, which rows lookup drafted, and checks each DFlash-drafted row's q against the
     drafter's uncached forward over the verifier's states of the row's whole committed sequence."""
 
-    def __init__(self, model_drafter, lookup_drafter, verifier_model) -> None:
-        super().__init__(model_drafter, lookup_drafter)
+    def __init__(self, model_drafter, lookup_drafter, verifier_model, floor=0.0) -> None:
+        super().__init__(model_drafter, lookup_drafter, floor=floor)
         self.verifier = verifier_model
-        self.worst, self.checks, self.mixed = 0.0, 0, 0
+        self.worst, self.checks, self.mixed, self.idled = 0.0, 0, 0, 0
 
     def reset(self, batch_size, capacity, engine=None):
         super().reset(batch_size, capacity, engine)
@@ -46,11 +46,13 @@ class Checked(LookupFirstDrafter):
                               feature_valid=feature_valid)  # fmt: skip
         looked = [len(lookup(np.array(s), n_min=self.lookup.n_min, n_max=self.lookup.n_max, k=gamma)) > 0
                   for s in self.seqs]  # fmt: skip
-        self.mixed += any(looked) and not all(looked)
+        assert not any(m and lk for m, lk in zip(self.used_model, looked, strict=True))  # lookup first, always
+        self.mixed += any(looked) and any(self.used_model)
+        self.idled += any(not m and not lk for m, lk in zip(self.used_model, looked, strict=True))
         drafter = self.model_drafter
         with torch.no_grad():
             for r, seq in enumerate(self.seqs):
-                if looked[r]:  # lookup's draft: q one-hot on it
+                if not self.used_model[r]:  # lookup's draft, or nothing (the pending token): q one-hot on it
                     q = out.distribution()[r]
                     assert torch.equal(q.argmax(-1), out.tokens[r, 0]) and torch.equal(q.sum(-1), torch.ones(len(q)))
                     continue
@@ -68,10 +70,10 @@ class Checked(LookupFirstDrafter):
         return out
 
 
-def _hybrid(model, checked=True, **dflash):
+def _hybrid(model, checked=True, floor=0.0, **dflash):
     inner = DFlashDrafter(_dflash(model, **dflash), temperature=1.0, top_k=None)
     ngram = NgramDrafter(n_max=3, n_min=2, vocab_size=model.config.vocab_size)
-    return Checked(inner, ngram, model) if checked else LookupFirstDrafter(inner, ngram)
+    return Checked(inner, ngram, model, floor) if checked else LookupFirstDrafter(inner, ngram, floor=floor)
 
 
 @pytest.mark.parametrize("engine", ["eager", "static"])
@@ -88,6 +90,25 @@ def test_greedy_output_is_vanillas_with_both_drafters_in_one_batch(acceptance, e
     assert drafter.checks > 0 and drafter.worst < 1e-5  # the DFlash context held every committed token
 
 
+def test_below_the_floor_a_row_drafts_nothing_but_probes_the_model_every_few_cycles():
+    """floor: after a row's DFlash drafts earn fewer accepted tokens a cycle than it, cycles where lookup finds
+    nothing are plain verifier steps (width 0 on the eager engine), but for one model draft every PROBE_EVERY."""
+    model = verifier(seed=7)
+    prompts = [[6, 7, 8, 9]]  # no repeats: lookup finds little, so the model would draft most cycles
+    want = generate(model, prompts, SpecConfig(max_new_tokens=40)).tokens
+    counts = {}
+    for floor in (0.0, 100.0):  # 100: no drafter gets there, so every model draft after the first is a probe
+        drafter = _hybrid(model, floor=floor)
+        res = generate(model, prompts, SpecConfig(max_new_tokens=40, gamma=4, engine="eager"), drafter=drafter)
+        assert res.tokens == want
+        assert drafter.checks > 0 and drafter.worst < 1e-5
+        counts[floor] = (res.metrics.drafter_forwards, drafter.cycles, drafter.idled)
+    (always, _, idled), (probed, cycles_100, idled_100) = counts[0.0], counts[100.0]
+    assert idled == 0 and idled_100 > 0  # rows drafted nothing only under the floor
+    assert always > probed >= 1
+    assert probed <= 1 + cycles_100 // PROBE_EVERY  # the first model draft, then one probe every PROBE_EVERY cycles
+
+
 def test_a_batch_that_lookup_drafts_alone_runs_no_drafter_forward():
     model = verifier(seed=7)
     prompt = [[2, 9, 4, 2, 9, 4, 2, 9, 4, 2, 9]]
@@ -98,9 +119,10 @@ def test_a_batch_that_lookup_drafts_alone_runs_no_drafter_forward():
     assert drafter.checks > 0 and drafter.worst < 1e-5  # model cycles after lookup ones read every state
 
 
-def test_sampling_follows_the_verifier():
+@pytest.mark.parametrize("floor", [0.0, 1.0])
+def test_sampling_follows_the_verifier(floor):
     model = verifier(seed=11, vocab=6)
-    drafter = _hybrid(model, checked=False, std=0.3)
+    drafter = _hybrid(model, checked=False, floor=floor, std=0.3)
     drafter.lookup.n_min = 1  # a 6-token vocabulary: 1-token matches, so rows part between the two drafters
     for rule, (res, p) in sampled_pairs(model, drafter, [1, 2, 3, 1, 2], 4000).items():
         assert res.metrics.accepted > 0, rule
