@@ -183,8 +183,8 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
         methods.append(EvalMethod(label, decoder, drafter=drafter, steps=r["steps"], distill_loss=r["method"]))
         if ev.lookup and decoder == "dflash_draft":  # the same drafter behind prompt lookup (decoding/lookup_first.py)
             hybrid = line_name(r["method"], "dflash_lookup") + label.removeprefix(name)
-            methods.append(EvalMethod(hybrid, "dflash_lookup", drafter=drafter, steps=r["steps"],
-                                      distill_loss=r["method"]))  # fmt: skip
+            # a decoder of the run's drafter, not a point of its training curve: no steps, no Fig. 7 line
+            methods.append(EvalMethod(hybrid, "dflash_lookup", drafter=drafter))
         # the run's intermediate checkpoints: Fig. 7 points at one temperature (the final one is the row above)
         for steps, folder in distill_checkpoints(r):
             if steps != r["steps"]:
