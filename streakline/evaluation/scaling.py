@@ -343,22 +343,31 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ wall clock
+LOOKUP_SUFFIX = "+lookup"  # a point's drafter behind prompt lookup (decoder=dflash_lookup): a line of its own
+
+
 def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The data-scaling study's decode results (``stage.evaluate``: evaluate records whose ``method`` is
     ``<label>@<tokens>``, beside ``vanilla`` and ``ngram``) as ``{"rows": [...], "ngram": {...}}``: one row per
     point, benchmark and temperature (label, tokens, speedup over vanilla, accepted tokens a cycle, the lossless
-    verdict), and ngram's speedup per (benchmark, temperature), the training-free bar."""
-    where = {f"{p['method']}@{p['data_size']}": p for pts in points.values() for p in pts}
+    verdict), and ngram's speedup per (benchmark, temperature), the training-free bar. A point's drafter decoded
+    behind prompt lookup (``<label>+lookup@<tokens>``, dflash_lookup) is a line of its own, ``<label>+lookup``."""
+    where = {
+        f"{p['method']}{suffix}@{p['data_size']}": (p, p["method"] + suffix)
+        for pts in points.values()
+        for p in pts
+        for suffix in ("", LOOKUP_SUFFIX)
+    }
     rows, ngram = [], {}
     for r in records:
         key = f"{r['benchmark']}/T{r['temperature']:g}"
         if r["method"] == "ngram":
             ngram[key] = r.get("speedup")
-        p = where.get(r["method"])
-        if p is None:
+        if r["method"] not in where:
             continue
+        p, line = where[r["method"]]
         rows.append({
-            "method": p["method"], "data_size": p["data_size"], "benchmark": r["benchmark"],
+            "method": line, "data_size": p["data_size"], "benchmark": r["benchmark"],
             "temperature": r["temperature"], "speedup": r.get("speedup"),
             "accepted_per_cycle": r.get("accepted_per_cycle"), "lossless": r.get("lossless"),
             "check": (r.get("lossless_check") or {}).get("check"),

@@ -21,6 +21,7 @@ from streakline.evaluation.scaling import (
     throughput,
     throughput_figure,
     wall_clock_lines,
+    wall_clock_rows,
     write_report,
 )
 
@@ -147,3 +148,28 @@ def test_the_wall_clock_table_has_a_line_per_recipe_and_a_column_per_size():
     assert "**code, T=0** (ngram: 1.66x)" in text and "| line | 10 | 100 |" in text
     assert "| ce | 1.25x / 0.70 | 1.50x / 1.10 LOSSY |" in text and "| dp | - | 0.90x / 0.30 |" in text
     assert wall_clock_lines({"wall_clock": {"rows": [], "ngram": {}}}) == []
+
+
+def test_wall_clock_rows_read_each_points_drafter_alone_and_behind_prompt_lookup():
+    """Evaluate records named <label>@<tokens> and <label>+lookup@<tokens> become rows of the lines <label> and
+    <label>+lookup; ngram gives the bar; vanilla and rows of no point are left out."""
+    points = {"ce": [{"method": "dflash:ce", "data_size": 10}, {"method": "dflash:ce", "data_size": 100}]}
+
+    def record(method, speedup):
+        return {"method": method, "benchmark": "code", "temperature": 0.0, "speedup": speedup,
+                "accepted_per_cycle": 0.5, "lossless": True}  # fmt: skip
+
+    records = [
+        record("vanilla", 1.0),
+        record("ngram", 1.9),
+        record("dflash:ce@10", 0.9),
+        record("dflash:ce+lookup@10", 1.6),
+        record("dflash:ce+lookup@100", 1.8),
+        record("other@10", 3.0),
+    ]
+    wall = wall_clock_rows(records, points)
+    assert wall["ngram"] == {"code/T0": 1.9}
+    got = {(r["method"], r["data_size"]): r["speedup"] for r in wall["rows"]}
+    assert got == {("dflash:ce", 10): 0.9, ("dflash:ce+lookup", 10): 1.6, ("dflash:ce+lookup", 100): 1.8}
+    text = "\n".join(wall_clock_lines({"wall_clock": wall}))
+    assert "| dflash:ce+lookup | 1.60x / 0.50 | 1.80x / 0.50 |" in text and "| dflash:ce | 0.90x / 0.50 | - |" in text

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.evaluation import scaling as scaling_report
+from streakline.evaluation.scaling import LOOKUP_SUFFIX
 
 from .lookup import stage_overrides
 
@@ -110,9 +111,9 @@ def token_points(cfg: DictConfig, run_stage) -> dict[str, list[dict[str, Any]]]:
     return points
 
 
-def point_name(point: dict[str, Any]) -> str:
-    """The evaluate row of a point's drafter: ``<label>@<tokens>``."""
-    return f"{point['method']}@{point['data_size']}"
+def point_name(point: dict[str, Any], lookup: bool = False) -> str:
+    """The evaluate row of a point's drafter: ``<label>@<tokens>``; behind prompt lookup ``<label>+lookup@<tokens>``."""
+    return f"{point['method']}{LOOKUP_SUFFIX if lookup else ''}@{point['data_size']}"
 
 
 def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_stage) -> list[dict[str, Any]]:
@@ -124,6 +125,8 @@ def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_sta
 
     from .kinds import drafter_kind
 
+    evaluation = compose_config(stage_overrides(cfg, "evaluate")[1])
+    lookup = bool(evaluation.stage.get("lookup"))
     methods = [EvalMethod("vanilla", "vanilla"), EvalMethod("ngram", "ngram")]
     for pts in points.values():
         for p in pts:
@@ -132,7 +135,8 @@ def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_sta
             drafter = str(Path(p["folder"]) / "drafter")
             decoder = drafter_kind(cfg, drafter).decoder
             methods.append(EvalMethod(point_name(p), decoder, drafter=drafter, distill_loss=p["loss"]))
-    evaluation = compose_config(stage_overrides(cfg, "evaluate")[1])
+            if lookup and decoder == "dflash_draft":  # settings.evaluate.lookup: behind prompt lookup too
+                methods.append(EvalMethod(point_name(p, lookup=True), "dflash_lookup", drafter=drafter))
     evaluation.stage.methods = [EvalMethodConfig(**m.as_dict()) for m in methods]
     result = run_stage(evaluation)
     return list(result.details["records"])
