@@ -4,6 +4,7 @@ Everything the trainer needs from the distributed world goes through ``DeepSpeed
 
     strategy = DeepSpeedStrategy(trainer_cfg, seed=0)           # joins torchrun's process group, or makes a 1-rank one
     engine = strategy.setup(module)                             # ZeRO 0/2/3, fp32/bf16, clipping, warmup+cosine LR
+    strategy.close()                                            # after training: undoes ZeRO-3's process-wide patch
     DeepSpeedStrategy(trainer_cfg, autocast=torch.bfloat16)     # fp32 weights, bf16 GEMMs (DeepSpeed's torch_autocast)
     loss, metrics = engine(batch); strategy.step(engine, loss)  # backward + (accumulated) optimizer step
     strategy.grad_norm(engine)                                  # the last step's global norm, before clipping
@@ -116,6 +117,7 @@ class DeepSpeedStrategy:
         import deepspeed
 
         module = module.to(self.device)
+        self._linear = torch.nn.functional.linear  # ZeRO-3 replaces it process-wide: close() puts it back
         params = [p for p in module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -128,6 +130,14 @@ class DeepSpeedStrategy:
             for owner, param in module.external_parameters():
                 deepspeed.zero.register_external_parameter(owner, param)
         return engine
+
+    def close(self) -> None:
+        """Undo what DeepSpeed changed for the whole process: ZeRO-3 swaps ``torch.nn.functional.linear`` for its
+        memory-saving wrapper and leaves it there, so whatever runs next in this process (stage=pipeline's evaluate,
+        another test) would run every linear layer through it, with other rounding. Call once training is over."""
+        linear = getattr(self, "_linear", None)
+        if linear is not None:
+            torch.nn.functional.linear = linear
 
     @property
     def live_weights_are_whole(self) -> bool:

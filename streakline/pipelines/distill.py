@@ -271,6 +271,7 @@ class Distill(Stage):
                     stage_run.metrics.update(_peak_against_plan(planned, strategy))
         finally:  # a preempted run too: W&B must close its run, or the resumed run cannot reopen the same id
             tracker.close()
+            strategy.close()
         return StageResult(self.name, out, out / "drafter", last, details={"resumed_from": start, **_decode_hint(cfg)})
 
     def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:

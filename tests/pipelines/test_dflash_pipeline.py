@@ -187,7 +187,10 @@ def test_zero_on_two_cpu_ranks_matches_one_process(world, stage):
 def test_zero3_in_bf16_checks_the_gathered_export_beside_the_verifier(world):
     """Under ZeRO-3 the held-out check runs on the export, which DeepSpeed gathers in fp32 on the CPU, while the
     verifier (whose embedding and head a DFlash drafter drafts through) is in the trainer's bf16, on the GPU there:
-    the check casts and moves the export to the verifier's dtype and device (a bf16 H200 run failed on both)."""
+    the check casts and moves the export to the verifier's dtype and device (a bf16 H200 run failed on both). The run
+    leaves torch.nn.functional.linear as it found it: ZeRO-3 swaps it process-wide, and left swapped it changed the
+    rounding of every later in-process run (trajectory and distill tests that compare with a subprocess failed)."""
+    linear = torch.nn.functional.linear
     run = run_stage(_cfg(world, "distill", DFLASH, "method=dflash_ce", "trainer=zero3", "trainer.precision=bf16",
                          "trainer.max_steps=4", "trainer.save_every=4", "trainer.eval_every=4",
                          "trainer.warmup_steps=1", "trainer.eval_prompts=1"))  # fmt: skip
@@ -196,6 +199,7 @@ def test_zero3_in_bf16_checks_the_gathered_export_beside_the_verifier(world):
     assert [r["step"] for r in checks] == [4]
     streaks = [v for k, v in checks[0].items() if k.endswith("/sim_streak")]
     assert streaks and all(0.0 <= v <= 4.0 for v in streaks)  # gamma = block_size - 1 = 4 slots at most
+    assert torch.nn.functional.linear is linear
 
 
 @pytest.mark.parametrize(
