@@ -3,13 +3,13 @@
 On a small verifier neither drafter wins everywhere: prompt lookup (``ngram.py``) drafts for free and is right most
 of the time on code that repeats its context, but finds a match in only part of the cycles (27% on chat in the
 SmolLM2 study); a trained DFlash drafter drafts every cycle but costs a forward and half a verifier step. This
-drafter asks lookup first, row by row, and runs the DFlash draft only when some row found no match, so a cycle
-costs what the cheaper drafter that has something to say costs.
+drafter asks lookup first, row by row, and runs the DFlash draft only when a row without a match wants it (its
+drafts have lately paid: ``floor`` below), so a cycle costs what the cheaper drafter that has something to say costs.
 
 Every cycle the DFlash drafter still absorbs the verifier's states of the newly cached tokens (its context must
 hold every committed token whichever drafter proposed them); that is its projection and each layer's keys and
 values, not a draft. A row's draft is lookup's (padded to the cycle's width by repeating its last token, q one-hot)
-when lookup matched, else the DFlash chain and its q. Which drafter a row uses is a function of its context alone,
+when lookup matched, else the DFlash chain and its q (or nothing). Which drafter a row uses is a function of its tokens,
 so every acceptance rule stays exact: losslessness only asks that the verified tokens be drawn from the q handed to
 the rule, which holds row by row (tests/decoding/test_lookup_first.py checks greedy equality and a chi-square test).
 

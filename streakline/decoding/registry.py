@@ -170,12 +170,7 @@ def speculative_setup(
         raise ValueError(f"ar_draft proposes one chain per cycle; got decoder.K={decoder.K} (use diffusion_draft)")
     drafter = None
     if kind is NgramDrafter:
-        if decoder.K > 1:
-            raise ValueError(f"ngram proposes one chain per cycle; got decoder.K={decoder.K}")
-        if verifier is None:
-            raise ValueError("decoder=ngram needs the verifier (its vocabulary sizes the one-hot q): pass verifier=")
-        vocab = verifier.output_weight.shape[0]
-        drafter = NgramDrafter(n_max=decoder.ngram_max, n_min=decoder.ngram_min, vocab_size=vocab)
+        drafter = _lookup_drafter(decoder, verifier)
     elif kind is not None:
         if drafter_model is None:
             raise ValueError(f"decoder={name} needs a drafter model")
@@ -186,13 +181,11 @@ def speculative_setup(
             drafter_model.share(verifier)
             gamma_default = drafter_model.dflash.block_size - 1
         if kind is LookupFirstDrafter:
-            if decoder.K > 1:
-                raise ValueError(f"dflash_lookup proposes one chain per cycle; got decoder.K={decoder.K}")
-            vocab = verifier.output_weight.shape[0]
             model = DFlashDrafter(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
-            lookup = NgramDrafter(n_max=decoder.ngram_max, n_min=decoder.ngram_min, vocab_size=vocab)
             floor = getattr(decoder, "lookup_floor", None)  # absent from configs written before it existed
-            drafter = LookupFirstDrafter(model, lookup, floor=0.0 if floor is None else floor)
+            drafter = LookupFirstDrafter(
+                model, _lookup_drafter(decoder, verifier), floor=0.0 if floor is None else floor
+            )
         else:
             drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
     gamma = decoder.gamma if decoder.gamma is not None else gamma_default
@@ -210,6 +203,19 @@ def speculative_setup(
         engine=getattr(decoder, "engine", "auto"),
     )
     return spec, drafter
+
+
+def _lookup_drafter(decoder: Any, verifier) -> NgramDrafter:
+    """The prompt-lookup drafter of ``decoder=ngram`` and of ``dflash_lookup``'s front: one chain a cycle, its
+    one-hot q as wide as the verifier's vocabulary."""
+    if decoder.K > 1:
+        raise ValueError(f"{decoder.name} proposes one chain per cycle; got decoder.K={decoder.K}")
+    if verifier is None:
+        raise ValueError(
+            f"decoder={decoder.name} needs the verifier (its vocabulary sizes the one-hot q): pass verifier="
+        )
+    vocab = verifier.output_weight.shape[0]
+    return NgramDrafter(n_max=decoder.ngram_max, n_min=decoder.ngram_min, vocab_size=vocab)
 
 
 def _check_pairing(name: str, kind: type, drafter_model) -> None:

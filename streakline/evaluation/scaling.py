@@ -346,6 +346,11 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
 LOOKUP_SUFFIX = "+lookup"  # a point's drafter behind prompt lookup (decoder=dflash_lookup): a line of its own
 
 
+def point_name(point: dict[str, Any], lookup: bool = False) -> str:
+    """The evaluate row of a point's drafter: ``<label>@<tokens>``; behind prompt lookup ``<label>+lookup@<tokens>``."""
+    return f"{point['method']}{LOOKUP_SUFFIX if lookup else ''}@{point['data_size']}"
+
+
 def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The data-scaling study's decode results (``stage.evaluate``: evaluate records whose ``method`` is
     ``<label>@<tokens>``, beside ``vanilla`` and ``ngram``) as ``{"rows": [...], "ngram": {...}}``: one row per
@@ -353,10 +358,10 @@ def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[di
     verdict), and ngram's speedup per (benchmark, temperature), the training-free bar. A point's drafter decoded
     behind prompt lookup (``<label>+lookup@<tokens>``, dflash_lookup) is a line of its own, ``<label>+lookup``."""
     where = {
-        f"{p['method']}{suffix}@{p['data_size']}": (p, p["method"] + suffix)
+        point_name(p, lookup): (p, p["method"] + (LOOKUP_SUFFIX if lookup else ""))
         for pts in points.values()
         for p in pts
-        for suffix in ("", LOOKUP_SUFFIX)
+        for lookup in (False, True)
     }
     rows, ngram = [], {}
     for r in records:

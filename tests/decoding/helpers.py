@@ -13,6 +13,7 @@ import copy
 from dataclasses import replace
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from streakline.models import Transformer
 from tests.models.helpers import tiny_config
@@ -41,6 +42,15 @@ def causal_copy(model: Transformer, seed: int | None = None) -> Transformer:
     if seed is None:
         return copy.deepcopy(model)
     return Transformer(model.config).init_weights(seed=seed, std=0.1).eval()
+
+
+def decoder_settings(name: str, **overrides) -> DictConfig:
+    """A ``decoder`` config as ``speculative_setup`` reads it: one chain, greedy acceptance, 8 new tokens, lookup of
+    suffixes of 3 down to 2 tokens; ``overrides`` replace any field."""
+    fields = {"name": name, "K": 1, "gamma": None, "temperature": 0.0, "drafter_temperature": 1.5, "top_k": 64,
+              "acceptance": "greedy_acceptance", "selection": "streak_score", "argmax_chain": True,
+              "max_new_tokens": 8, "stop_strings": [], "ngram_max": 3, "ngram_min": 2}  # fmt: skip
+    return OmegaConf.create({**fields, **overrides})
 
 
 def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:

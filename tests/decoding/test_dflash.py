@@ -49,21 +49,27 @@ class CheckedDFlash(DFlashDrafter):
             new_ids, new_valid, gamma=gamma, K=K, generator=generator, iid=iid, features=features,
             feature_valid=feature_valid,
         )  # fmt: skip
-        with torch.no_grad():
-            for r, seq in enumerate(self.seqs):
-                n = len(seq) - 1
-                context = torch.tensor([seq[:-1]], dtype=torch.long)
-                feats = self.verifier.hidden(context, aux_layers=self.feature_layers)[1] if n else None
-                logits = self.model(
-                    block_inputs(torch.tensor([seq[-1]]), gamma + 1, self.model.dflash.mask_token_id),
-                    torch.arange(n, n + gamma + 1)[None],
-                    features=feats,
-                    feature_pos=torch.arange(n)[None] if n else None,
-                )[0, 1:]
-                want = torch.softmax(logits / self.temperature, -1)
-                self.worst = max(self.worst, float((want - out.q[r]).abs().max()))
-                self.checks += 1
+        for r, seq in enumerate(self.seqs):
+            want = scratch_q(self, self.verifier, seq, gamma)
+            self.worst = max(self.worst, float((want - out.q[r]).abs().max()))
+            self.checks += 1
         return out
+
+
+@torch.no_grad()
+def scratch_q(drafter: DFlashDrafter, verifier_model: Transformer, seq: list[int], gamma: int) -> torch.Tensor:
+    """``[gamma, V]``: what ``drafter`` should propose after committed sequence ``seq`` (its last token pending),
+    from an uncached drafter forward over the verifier's states of the whole sequence, recomputed from scratch."""
+    n = len(seq) - 1
+    context = torch.tensor([seq[:-1]], dtype=torch.long)
+    feats = verifier_model.hidden(context, aux_layers=drafter.feature_layers)[1] if n else None
+    logits = drafter.model(
+        block_inputs(torch.tensor([seq[-1]]), gamma + 1, drafter.model.dflash.mask_token_id),
+        torch.arange(n, n + gamma + 1)[None],
+        features=feats,
+        feature_pos=torch.arange(n)[None] if n else None,
+    )[0, 1:]
+    return torch.softmax(logits / drafter.temperature, -1)
 
 
 PROMPTS = [[1, 2, 3, 4, 5], [6], [7, 8, 9, 1, 2, 3, 4, 5, 6], [3, 3]]

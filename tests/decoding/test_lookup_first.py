@@ -13,9 +13,8 @@ from streakline.decoding.lookup_first import PROBE_EVERY, LookupFirstDrafter
 from streakline.decoding.ngram import NgramDrafter, lookup
 from streakline.decoding.registry import needs_drafter_model, speculative_setup
 from streakline.decoding.speculative import SpecConfig, generate
-from streakline.models.dflash import block_inputs
-from tests.decoding.helpers import sampled_pairs, verifier
-from tests.decoding.test_dflash import _dflash
+from tests.decoding.helpers import decoder_settings, sampled_pairs, verifier
+from tests.decoding.test_dflash import _dflash, scratch_q
 
 # rows with repeats (lookup matches from the start), one without (the DFlash drafter drafts), short ones
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [6, 7, 8, 9], [2, 9, 4, 2, 9, 4, 2, 9], [3, 1]]
@@ -49,24 +48,14 @@ class Checked(LookupFirstDrafter):
         assert not any(m and lk for m, lk in zip(self.used_model, looked, strict=True))  # lookup first, always
         self.mixed += any(looked) and any(self.used_model)
         self.idled += any(not m and not lk for m, lk in zip(self.used_model, looked, strict=True))
-        drafter = self.model_drafter
-        with torch.no_grad():
-            for r, seq in enumerate(self.seqs):
-                if not self.used_model[r]:  # lookup's draft, or nothing (the pending token): q one-hot on it
-                    q = out.distribution()[r]
-                    assert torch.equal(q.argmax(-1), out.tokens[r, 0]) and torch.equal(q.sum(-1), torch.ones(len(q)))
-                    continue
-                n = len(seq) - 1
-                feats = self.verifier.hidden(torch.tensor([seq[:-1]]), aux_layers=self.feature_layers)[1]
-                logits = drafter.model(
-                    block_inputs(torch.tensor([seq[-1]]), gamma + 1, drafter.model.dflash.mask_token_id),
-                    torch.arange(n, n + gamma + 1)[None],
-                    features=feats,
-                    feature_pos=torch.arange(n)[None],
-                )[0, 1:]
-                want = torch.softmax(logits / drafter.temperature, -1)
-                self.worst = max(self.worst, float((want - out.q[r]).abs().max()))
-                self.checks += 1
+        for r, seq in enumerate(self.seqs):
+            if not self.used_model[r]:  # lookup's draft, or nothing (the pending token): q one-hot on it
+                q = out.distribution()[r]
+                assert torch.equal(q.argmax(-1), out.tokens[r, 0]) and torch.equal(q.sum(-1), torch.ones(len(q)))
+                continue
+            want = scratch_q(self.model_drafter, self.verifier, seq, gamma)
+            self.worst = max(self.worst, float((want - out.q[r]).abs().max()))
+            self.checks += 1
         return out
 
 
@@ -132,11 +121,7 @@ def test_sampling_follows_the_verifier(floor):
 
 def test_setup_shares_the_verifier_and_refuses_what_it_cannot_run():
     model = verifier(seed=3)
-    decoder = OmegaConf.create(
-        {"name": "dflash_lookup", "K": 1, "gamma": None, "temperature": 0.0, "drafter_temperature": 0.0, "top_k": 64,
-         "acceptance": "greedy_acceptance", "selection": "streak_score", "argmax_chain": True, "max_new_tokens": 8,
-         "stop_strings": [], "ngram_max": 3, "ngram_min": 2}
-    )  # fmt: skip
+    decoder = decoder_settings("dflash_lookup", drafter_temperature=0.0)
     assert needs_drafter_model("dflash_lookup")
     dflash = _dflash(model, block=5)
     spec, drafter = speculative_setup(decoder, dflash, gamma_default=2, verifier=model)

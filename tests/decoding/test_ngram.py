@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from streakline.decoding.ngram import NgramDrafter, lookup
 from streakline.decoding.registry import needs_drafter_model, speculative_setup
 from streakline.decoding.speculative import SpecConfig, generate
-from tests.decoding.helpers import sampled_pairs, verifier
+from tests.decoding.helpers import decoder_settings, sampled_pairs, verifier
 
 
 def _look(context, n_min=1, n_max=3, k=4) -> list[int]:
@@ -98,11 +98,7 @@ def test_ngram_sampling_follows_the_verifier():
 
 def test_ngram_setup_needs_no_drafter_model():
     model = verifier(seed=3)
-    decoder = OmegaConf.create(
-        {"name": "ngram", "K": 1, "gamma": None, "temperature": 0.0, "drafter_temperature": 1.5, "top_k": 64,
-         "acceptance": "greedy_acceptance", "selection": "streak_score", "argmax_chain": True, "max_new_tokens": 8,
-         "stop_strings": [], "ngram_max": 3, "ngram_min": 2}
-    )  # fmt: skip
+    decoder = decoder_settings("ngram")
     assert not needs_drafter_model("ngram") and needs_drafter_model("ar_draft") and not needs_drafter_model("vanilla")
     spec, drafter = speculative_setup(decoder, None, gamma_default=5, verifier=model)
     assert isinstance(drafter, NgramDrafter) and spec.gamma == 5 and (drafter.n_min, drafter.n_max) == (2, 3)

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from streakline.artifacts import read_manifest
 from streakline.config import ConfigError, compose_config
 from streakline.evaluation import scaling as scaling_report
-from streakline.evaluation.scaling import LOOKUP_SUFFIX
+from streakline.evaluation.scaling import point_name
 
 from .lookup import stage_overrides
 
@@ -109,11 +109,6 @@ def token_points(cfg: DictConfig, run_stage) -> dict[str, list[dict[str, Any]]]:
             "folder": str(result.folder),
         })  # fmt: skip
     return points
-
-
-def point_name(point: dict[str, Any], lookup: bool = False) -> str:
-    """The evaluate row of a point's drafter: ``<label>@<tokens>``; behind prompt lookup ``<label>+lookup@<tokens>``."""
-    return f"{point['method']}{LOOKUP_SUFFIX if lookup else ''}@{point['data_size']}"
 
 
 def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_stage) -> list[dict[str, Any]]:
