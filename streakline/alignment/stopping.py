@@ -3,8 +3,8 @@
 A data-scaling point has to measure what that much data buys, not how many steps fit in a budget. So a run can
 (``trainer`` settings):
 
-- read only part of its trajectories (``train_tokens``): the rows of a seeded sample whose completions hold that
-  many tokens; a larger value's rows hold every row of a smaller one (nested subsets, ``nested_rows``);
+- read only part of its trajectories (``train_tokens``): the set's first rows whose completions hold that many
+  tokens; a larger value's rows hold every row of a smaller one (nested subsets, ``nested_rows``);
 - stop after ``max_epochs`` passes over its examples (``max_steps`` stays the cap above it, and sets the schedule);
 - stop when the held-out check has not improved for ``patience`` checks in a row spanning a whole pass (and never
   before the end of the warmup). The value watched is the mean over
@@ -26,22 +26,18 @@ from typing import Any
 
 import numpy as np
 
-SUBSET_SEED = 0  # the one permutation every train_tokens subset is cut from
 
-
-def nested_rows(completion_lengths: np.ndarray, tokens: int, seed: int = SUBSET_SEED) -> tuple[np.ndarray, int]:
-    """``(rows, tokens held)``: the rows of a trajectory set that a run with ``trainer.train_tokens=tokens`` reads,
-    in the set's order. They are the first rows of one seeded permutation of the whole set (the same for every run
-    and every size) whose completion lengths sum to at least ``tokens``, so a larger size's rows hold every row of a
-    smaller one, and every size mixes the sources as the whole set does (the set itself lists them source by
-    source). Every row when the whole set holds fewer tokens; the caller says so."""
+def nested_rows(completion_lengths: np.ndarray, tokens: int) -> tuple[np.ndarray, int]:
+    """``(rows, tokens held)``: the rows of a trajectory set that a run with ``trainer.train_tokens=tokens`` reads:
+    its first rows whose completion lengths sum to at least ``tokens``. A larger size's rows hold every row of a
+    smaller one, and since a set lists its prompt sources interleaved (``data/mix.py``), every size mixes them as the
+    whole set does and is the same rows in any set that holds it: a set of fewer prompts is the first rows of a
+    larger one. Every row when the whole set holds fewer tokens; the caller says so."""
     if tokens < 1:
         raise ValueError(f"trainer.train_tokens={tokens} must be at least 1")
-    lengths = np.asarray(completion_lengths, dtype=np.int64)
-    order = np.random.default_rng(seed).permutation(len(lengths))
-    total = np.cumsum(lengths[order])
-    n = min(int(np.searchsorted(total, tokens)) + 1, len(order))  # the first count at which the sum reaches tokens
-    return np.sort(order[:n]), int(total[n - 1]) if n else 0
+    total = np.cumsum(np.asarray(completion_lengths, dtype=np.int64))
+    n = min(int(np.searchsorted(total, tokens)) + 1, len(total))  # the first count at which the sum reaches tokens
+    return np.arange(n), int(total[n - 1]) if n else 0
 
 
 def step_examples(trainer, world_size: int) -> int:

@@ -59,9 +59,11 @@ from .common.lookup import autocast_part, training_autocast, trajectories_dir
 from .common.roles import role_tokenizer
 from .runner import Stage, StageResult
 
+# trainer.train_tokens reads the set's first rows that hold that many tokens; runs before it read a seeded sample.
+SUBSET_ORDER = "prefix"
+LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "checks_per_epoch", "patience")  # in the key only when set
 # Cadence settings: when to log, evaluate, save and prune does not change the trained drafter, so it does not move
 # the run.
-LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "checks_per_epoch", "patience")  # in the key only when set
 CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
     "keep_exports", "profile", "plan_check",
@@ -159,6 +161,8 @@ class Distill(Stage):
         for k in LATER_TRAINER_DROPPED:  # added later: unset, earlier runs keep their folders
             if trainer.get(k) is None:
                 trainer.pop(k, None)
+        if trainer.get("train_tokens") is not None:  # the subset is the set's first rows (alignment/stopping.py),
+            trainer["subset"] = SUBSET_ORDER  # no longer a seeded sample of them: runs of the sample keep their folders
         if trainer.get("patience") is None:
             trainer.pop("stop_metric", None)
         if not trainer.get("freeze_embeddings", True):  # added later: unset, earlier runs keep their folders

@@ -44,6 +44,7 @@ from streakline.config import ConfigError
 from streakline.data.benchmarks import parse_source
 from streakline.data.features import FeatureMeta, check_features, feature_bytes, feature_name, write_features
 from streakline.data.files import bad_lines
+from streakline.data.mix import interleave, mix_counts
 from streakline.data.self_chat import SELF_CHAT
 from streakline.data.sources import load_source, prompt_for, source_label
 from streakline.data.trajectories import (
@@ -223,31 +224,29 @@ def check_features_fit(cfg: DictConfig) -> None:
 
 
 def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
-    """Records from every source, ``max_prompts`` split by ``mix_weights`` (largest remainders), in source order."""
+    """Records from every source, ``max_prompts`` split by ``mix_weights`` and interleaved (``data/mix.py``): each
+    source read from its start, the sources in the mix's one fixed slot order, so the mix at a smaller
+    ``max_prompts`` is the first records of this one and every prefix mixes the sources by their weights."""
     sources = list(cfg.data.prompt_sources)
     for source in sources:
         parse_source(source)  # a malformed entry fails before any source is read
     weights = list(cfg.data.mix_weights) or [1.0] * len(sources)
     limits: list[int | None] = [None] * len(sources)
     if cfg.data.max_prompts is not None:
-        total = cfg.data.max_prompts
-        shares = [total * w / sum(weights) for w in weights]
-        limits = [int(s) for s in shares]
-        for i in sorted(range(len(shares)), key=lambda i: shares[i] - limits[i], reverse=True)[: total - sum(limits)]:
-            limits[i] += 1
-    records = []
+        limits = list(mix_counts(weights, cfg.data.max_prompts))
+    lists = []
     for source, limit in zip(sources, limits, strict=True):
         if parse_source(source)[0] == SELF_CHAT:  # written by the verifier, cached by content (common/self_chat.py)
             evaluation = evaluation_sources(cfg)
-            got = self_chat_records(cfg, limit, build=lambda: build_verifier(cfg), evaluation=evaluation)
-            records.extend(got)
+            lists.append(self_chat_records(cfg, limit, build=lambda: build_verifier(cfg), evaluation=evaluation))
             continue
         with bad_lines(cfg.data.skip_bad_lines):  # malformed lines refused, named, or (skip_bad_lines) left out
             got = load_source(source, limit=limit, fields=cfg.data.fields)
         if limit is not None and len(got) < limit:
             have = f"{len(got)} prompts of the {limit} its weight asks for"
             print(f"trajectories: {source_label(source)} has only {have}")
-        records.extend(got)
+        lists.append(got)
+    records = interleave(lists, weights)
     if not records:
         raise ConfigError("the prompt sources gave no prompts; check data.prompt_sources")
     return records

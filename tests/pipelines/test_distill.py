@@ -216,6 +216,7 @@ def test_a_token_subset_an_epoch_cap_and_a_plateau_stop(world, capsys):
     rows = int(re.search(r"trainer.train_tokens=120: (\d+) of 16 trajectories", out)[1])
     assert 1 <= rows < 16
     manifest = read_manifest(small.folder)
+    assert manifest.config["trainer"]["subset"] == "prefix"  # the set's first rows: keyed apart from a sample
     steps, examples = manifest.metrics["steps"], manifest.metrics["run/dataset_examples"]
     assert steps == -(-examples // 2) and steps < 100  # one pass at 2 examples a step
     run = _distill(world, "distill-data", "method=streak", "trainer.train_tokens=120", "trainer.max_steps=40",

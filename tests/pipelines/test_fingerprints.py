@@ -48,7 +48,8 @@ def _write_chats(path: Path, chats) -> None:
 
 
 def _old_trajectories_key(cfg, tok):
-    """The trajectories key as it was before content entered it, for inputs that name no file or folder."""
+    """The trajectories key as it was before content entered it, for inputs that name no file or folder (with the
+    mix order of several sources, which changed the rows themselves)."""
     data = OmegaConf.to_container(cfg.data, resolve=True)
     for key, default in LATER_DATA_DEFAULTS.items():
         if data.get(key) == default:
@@ -60,6 +61,8 @@ def _old_trajectories_key(cfg, tok):
         data.pop("batch_size", None)
     node = cfg.model.verifier
     key = {"verifier": node.path or node.hub_id, "tokenizer": tok, "data": data, "seed": cfg.seed}
+    if len(cfg.data.prompt_sources) > 1:  # several sources were listed one after another, now interleaved
+        key["mix"] = "interleaved"  # (data/mix.py): other rows, so a new folder, and the one part that adds
     precision = frozen_precision(cfg)  # what the rows were sampled in: a part of its own, not a fingerprint
     return key if precision == "fp32" else {**key, "precision": precision}
 
@@ -106,6 +109,7 @@ def test_file_hashes_are_cached_by_path_size_and_mtime(tmp_path):
 def test_built_in_sources_and_presets_keep_their_keys(tmp_path):
     cfg = _cfg(tmp_path, "data.prompt_sources=[tiny-math-train,tiny-chat]")
     assert trajectories_key(cfg, TOK) == _old_trajectories_key(cfg, TOK)
+    assert "mix" not in trajectories_key(_cfg(tmp_path, "data.prompt_sources=[tiny-chat]"), TOK)
 
 
 def test_what_changes_a_row_moves_the_key_and_nothing_else_does(tmp_path):
@@ -180,7 +184,7 @@ def test_the_worlds_presets_keep_every_key(world):
     old = run_path(root, cfg.experiment.name, "trajectories", config_hash(_old_trajectories_key(cfg, tok)))
     assert trajectories_dir(cfg) == old / "shards"
     key = DISTILL.key(cfg)
-    assert not {k for k in key if k.startswith("drafter_")}
+    assert not {k for k in key if k.startswith("drafter_")} and "subset" not in key["trainer"]
     target = compose_config(["stage=spiffy", "model=micro", f"run_root={root}"])
     target = attach_world(target, progress=False)
     preset = OmegaConf.to_container(target.model.target, resolve=True)

@@ -159,3 +159,17 @@ def test_conversations_are_sampled_with_every_turn_and_an_evaluation_prompt_is_r
         _run(root, "leak", *leak)
     assert not (root / "leak").exists()  # refused before any folder was made
     assert len(_rows(_run(root, "leak", *leak, "data.allow_eval_overlap=true"))) == 2
+
+
+def test_a_set_of_fewer_prompts_is_the_first_rows_of_a_larger_one(micro_world):
+    # the mix interleaves the sources in one fixed order (data/mix.py) and every row samples from its own seed, so
+    # a smaller data.max_prompts, cut into other shards, makes the first rows of the larger set: a data-scaling
+    # study builds only the rows its largest size reads. One row a batch here, so that no row's rounding depends on
+    # its batch mates (with larger batches a sampled token can flip on float rounding: docs/data.md)
+    root = micro_world[0]
+    one = ["data.batch_size=1", "data.samples_per_prompt=1", "data.topk_logprobs=0"]
+    small = _rows(_run(root, "fewer", "data.max_prompts=4", "data.num_shards=2", *one))
+    large = _rows(_run(root, "more", "data.max_prompts=7", "data.num_shards=3", *one))
+    assert len(small) == 4 and len(large) == 7 and len({r["prompt_id"].split("/")[0] for r in large[:4]}) == 2
+    for a, b in zip(small, large, strict=False):
+        assert (a["prompt_id"], a["seed"], a["completion_ids"]) == (b["prompt_id"], b["seed"], b["completion_ids"])

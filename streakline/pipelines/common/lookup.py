@@ -45,6 +45,9 @@ ORDER_MODEL = "order_model"
 # Bump when stage=spiffy's code changes what a config produces (prompt encoding, trace pairing), so that an old run
 # with the same settings is not reused.
 SPIFFY_RECIPE = 1
+# How a set of several prompt sources orders them: "interleaved" (data/mix.py), so that a prefix of a set is the set
+# at a smaller data.max_prompts. Sets made before it listed the sources one after another and carry no "mix".
+MIX_ORDER = "interleaved"
 
 
 # --------------------------------------------------------------------------------------------- trajectories
@@ -71,6 +74,8 @@ def trajectories_key(cfg: DictConfig, tok_hash: str) -> dict[str, Any]:
     if data.get("batching") == "continuous":  # each row its own seed: the batch size changes no row (docs/data.md)
         data.pop("batch_size", None)
     key = {"verifier": node.path or node.hub_id, "tokenizer": tok_hash, "data": data, "seed": data_seed(cfg)}
+    if len(cfg.data.prompt_sources) > 1:  # the sources interleaved (data/mix.py), not listed one after another
+        key["mix"] = MIX_ORDER
     precision = frozen_precision(cfg)
     if precision != "fp32":  # what the rows were sampled in; fp32, what every run before the setting used, is unsaid
         key["precision"] = precision
