@@ -195,6 +195,7 @@ def test_distill_submitted_through_hydra_submitit(slurm, default_partition, micr
     sbatch = (job_dir / f"{job_id}_submission.sh").read_text()
     for flag in (f"--partition={default_partition}", "--time=10", "--nodes=1", "--ntasks-per-node=1"):
         assert f"#SBATCH {flag}\n" in sbatch, sbatch
+    assert "\nunset WANDB_SERVICE\n" in sbatch  # this process's W&B service is not the job's (launcher setup)
 
     # it ran inside that Slurm job and wrote the drafter
     out = (job_dir / f"{job_id}_0_log.out").read_text()
