@@ -125,7 +125,9 @@ class Scaling(Stage):
         for size in [None] if by_tokens else s.data_sizes:  # the trajectories every distill run below reads
             # token sizes: one set, the config's, sampled with one data seed whatever seed each run trains with
             extra = f" {data_scaling.data_seed(cfg)}" if size is None else f" data.max_prompts={size}"
-            run_stage(compose_config(stage_overrides(cfg, f"trajectories{extra}")[1]))
+            made = run_stage(compose_config(stage_overrides(cfg, f"trajectories{extra}")[1]))
+            if size is None:  # before any run trains: a size the set cannot hold would fail hours into the study
+                data_scaling.check_set_holds(cfg, made.metrics)
         rows, missing = [], []
         for world in s.world_sizes:
             row = _throughput_row(cfg, world, missing)

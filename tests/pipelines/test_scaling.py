@@ -153,6 +153,16 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     assert set(result.details["figures"]) == {"acceptance"}
     with pytest.raises(ConfigError, match="stage.seeds adds seeds at the ends of stage.token_sizes"):
         load_stage("scaling").check(compose_config(["stage=scaling", "experiment=scaling", "stage.seeds=[1]"]))
+    # a size past the set is refused once the set exists, before any run trains, naming a set that would hold it
+    held = read_manifest(Path(sets.pop()).parent).metrics["completion_tokens"]
+    runs = sorted(p for p in (root / "scaling-tokens" / "distill").iterdir())
+    with pytest.raises(ConfigError, match=rf"reaches {held + 1:,} .* holds {held:,} in 12 rows .*data.max_prompts=1\d"):
+        run_stage(_config(
+            root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+            "settings.scaling.methods=[ce_streak]", f"settings.scaling.token_sizes=[40,{held + 1}]",
+            "trainer.max_steps=6", "trainer.wandb_project=null",
+        ))  # fmt: skip
+    assert sorted((root / "scaling-tokens" / "distill").iterdir()) == runs  # nothing trained
 
 
 def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):

@@ -12,6 +12,7 @@ token size and seed; every run is an ordinary distill run, cached by its key, so
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,21 @@ def data_seed(cfg: DictConfig) -> str:
     """``data.seed=<s>``: the seed the one trajectory set is sampled with (``data.seed``, else the run seed), pinned
     so that runs of other seeds read the same set."""
     return f"data.seed={cfg.data.seed if cfg.data.seed is not None else cfg.seed}"
+
+
+def check_set_holds(cfg: DictConfig, metrics: dict[str, Any]) -> None:
+    """Refuse, naming the ``data.max_prompts`` that would do, token sizes past the completion tokens of the set
+    (the trajectories' manifest ``metrics``): each distill run would refuse its own size only when its turn came."""
+    largest, held, rows = max(cfg.stage.token_sizes), int(metrics["completion_tokens"]), int(metrics["rows"])
+    if largest <= held:
+        return
+    # the set's own tokens a prompt, and 5% to spare: a set of more prompts starts with the rows of this one
+    prompts = math.ceil(largest / max(held / max(rows, 1), 1.0) * 1.05 / cfg.data.samples_per_prompt)
+    raise ConfigError(
+        f"stage.token_sizes reaches {largest:,} completion tokens, but the set holds {held:,} in {rows} rows "
+        f"(data.max_prompts={cfg.data.max_prompts}); make it larger (about data.max_prompts={prompts}: its first rows "
+        "are this set's) or drop the sizes past it. Nothing was trained"
+    )
 
 
 def run_overrides(cfg: DictConfig, run: Run, method: str | None = None) -> list[str]:
