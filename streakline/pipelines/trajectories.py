@@ -233,7 +233,7 @@ def prompt_mix(cfg: DictConfig) -> list[dict[str, str]]:
     weights = list(cfg.data.mix_weights) or [1.0] * len(sources)
     limits: list[int | None] = [None] * len(sources)
     if cfg.data.max_prompts is not None:
-        limits = list(mix_counts(weights, cfg.data.max_prompts))
+        limits = mix_counts(weights, cfg.data.max_prompts)
     lists = []
     for source, limit in zip(sources, limits, strict=True):
         if parse_source(source)[0] == SELF_CHAT:  # written by the verifier, cached by content (common/self_chat.py)
