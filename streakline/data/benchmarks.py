@@ -165,9 +165,8 @@ def tiny_code(limit: int | None = None, root: str | None = None) -> list[dict[st
     Functions are dedented to column 0, so ``prompt + reference`` is a complete, parseable function. The choice is
     the first ``TINY_SIZE`` candidates in the order of a hash of their location, so any prefix is a spread sample.
     """
-    candidates = sorted(_code_candidates(root), key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
     n = TINY_SIZE if limit is None else min(limit, TINY_SIZE)
-    return candidates[:n]
+    return [dict(r) for r in _hashed_candidates(root, "heldout")[:n]]  # copies: a caller may edit its records
 
 
 def tiny_math_train(limit: int | None = None) -> list[dict[str, str]]:
@@ -181,9 +180,7 @@ def tiny_math_train(limit: int | None = None) -> list[dict[str, str]]:
 
 def tiny_code_train(limit: int | None = None, root: str | None = None) -> list[dict[str, str]]:
     """Documented functions of the training-split stdlib files, in the same hashed order as ``tiny-code``."""
-    found = (dict(r, id="tiny-code-train/" + r["id"].split("/", 1)[1]) for r in _code_candidates(root, "train"))
-    candidates = sorted(found, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest())
-    return candidates if limit is None else candidates[:limit]
+    return [dict(r) for r in _hashed_candidates(root, "train")[:limit]]
 
 
 def tiny_chat(limit: int | None = None) -> list[dict[str, str]]:
@@ -243,6 +240,17 @@ def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef | ast.AsyncFu
             for sub in node.body:
                 if isinstance(sub, fn_types):
                     yield sub, f"{node.name}.{sub.name}"
+
+
+@functools.lru_cache(maxsize=4)
+def _hashed_candidates(root: str | None, split: str) -> tuple[dict[str, str], ...]:
+    """Every function of ``split``'s stdlib files (``tiny-code`` ids for "heldout", ``tiny-code-train`` for "train")
+    in the order of a hash of their id. Parsed once a process: a trajectories run asks for its prompt mix several
+    times (its plan, the feature-size check, the overlap check), and parsing the ~3,200 training functions took about
+    2 s each time. The files are the installed interpreter's, which a process does not see change."""
+    name = "tiny-code" if split == "heldout" else "tiny-code-train"
+    found = (dict(r, id=f"{name}/" + r["id"].split("/", 1)[1]) for r in _code_candidates(root, split))
+    return tuple(sorted(found, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest()))
 
 
 def _code_candidates(root: str | None = None, split: str = "heldout") -> Iterator[dict[str, str]]:

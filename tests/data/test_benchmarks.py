@@ -127,6 +127,16 @@ def test_tiny_code_comes_from_heldout_files_only_and_repeats(tiny_code):
     assert load_benchmark("tiny-code", limit=10) == tiny_code[:10]
 
 
+def test_tiny_code_records_are_the_callers_own():
+    """The parsed functions are kept for the process (several loads a trajectories run): a caller that edits its
+    records changes no later load's."""
+    first = load_benchmark("tiny-code-train", limit=3)
+    kept = [dict(r) for r in first]
+    first[0]["prompt"] = "edited"
+    assert load_benchmark("tiny-code-train", limit=3) == kept
+    assert [r["id"].split("/")[0] for r in kept] == ["tiny-code-train"] * 3
+
+
 def test_built_in_benchmarks_take_no_path(tmp_path):
     for name in ("tiny-math", "tiny-chat"):
         with pytest.raises(BenchmarkError, match="built into streakline and reads no file"):
