@@ -253,7 +253,7 @@ def _hashed_candidates(root: str | None, split: str) -> tuple[dict[str, str], ..
     return tuple(sorted(found, key=lambda r: hashlib.sha256(r["id"].encode()).hexdigest()))
 
 
-def _code_candidates(root: str | None = None, split: str = "heldout") -> Iterator[dict[str, str]]:
+def _code_candidates(root: str | None, split: str) -> Iterator[dict[str, str]]:
     for rec in code_texts(split, root):
         try:
             tree = ast.parse(rec["text"])
@@ -325,7 +325,7 @@ def _evaluation_prompt_keys() -> frozenset[str]:
     """Keys of the prompts evaluation sets of Python functions may hold, which ``pkg-code`` must not: every
     held-out stdlib function (``tiny-code`` at any limit) and HumanEval's prompts when its package is installed
     (a package copy of either, such as a vendored stdlib module, would otherwise leak them into training)."""
-    prompts = [r["prompt"] for r in _code_candidates()]
+    prompts = [r["prompt"] for r in _hashed_candidates(None, "heldout")]
     spec = REAL["humaneval"]
     packaged, _ = packaged_file(spec.package) if spec.package else (None, "")
     if packaged is not None:
