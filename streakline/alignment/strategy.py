@@ -58,6 +58,19 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return f
 
 
+def skip_shm_all_reduce() -> None:
+    """Tell DeepSpeed not to build its CPU shared-memory all-reduce in this process. Its comm backend compiles that
+    C++ op when the first engine starts (about 30 s on 2 cores, and again for every new virtual environment, since
+    the build is keyed by the venv's paths), and a group of one reduces nothing. DeepSpeed keeps its compatible-ops
+    table as one module dict so that edits to it hold; the op is then None and gloo's path is taken. Multi-rank CPU
+    runs keep it: there it is what makes the all-reduce fast."""
+    import deepspeed.ops
+
+    table = deepspeed.ops.__compatible_ops__
+    if "deepspeed_shm_comm" in table:
+        table["deepspeed_shm_comm"] = False
+
+
 class DeepSpeedStrategy:
     def __init__(self, trainer_cfg: Any, seed: int = 0, autocast: torch.dtype | None = None) -> None:
         """``autocast``: the dtype the engine's forwards run under (``models.precision.training_autocast``; bf16 on
@@ -123,6 +136,8 @@ class DeepSpeedStrategy:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.cfg.warmup_steps, self.cfg.max_steps, self.cfg.min_lr_ratio)
         )
+        if not self.cuda and self.world_size == 1:
+            skip_shm_all_reduce()
         engine, _, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config(), dist_init_required=False
         )

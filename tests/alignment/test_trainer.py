@@ -256,6 +256,23 @@ def test_the_strategy_asks_deepspeed_for_autocast_over_fp32_weights_only():
         DeepSpeedStrategy(SimpleNamespace(precision="bf16", **base), autocast=torch.bfloat16)
 
 
+def test_a_one_rank_cpu_engine_takes_gloos_path_and_builds_no_shared_memory_op():
+    # DeepSpeed's comm backend is created with the first engine of a process; for a group of one it must hold no
+    # shared-memory all-reduce (a C++ op compiled on first use: ~30 s, again for every new virtual environment)
+    import deepspeed.comm.comm as ds_comm
+
+    cfg = SimpleNamespace(precision="fp32", micro_batch_size=2, grad_accum=1, grad_clip=1.0, zero_stage=0, lr=1e-3,
+                          warmup_steps=1, max_steps=2, min_lr_ratio=0.1)  # fmt: skip
+    strategy = DeepSpeedStrategy(cfg, seed=0)
+    engine = strategy.setup(torch.nn.Linear(4, 4))
+    before = engine.module.weight.detach().clone()
+    assert strategy.world_size == 1 and ds_comm.cdb is not None and ds_comm.cdb.shm_comm_op is None
+    loss = engine(torch.ones(2, 4)).square().mean()
+    strategy.step(engine, loss)  # and the engine still trains: gloo's all-reduce over one rank
+    assert not torch.equal(engine.module.weight, before)
+    strategy.close()
+
+
 def test_mixed_precision_keeps_fp32_weights_and_trains_as_fp32_does(tmp_path):
     """DeepSpeed's autocast over an fp32 trainer (stage=distill where bf16 is native): the weights and their
     updates stay fp32, the forwards really run in bf16 (the run differs from fp32's), and 8 steps move the weights
