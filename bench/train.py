@@ -15,7 +15,11 @@
    finaliser on the storage subtracts it when it is freed. That counts what the allocator is asked for, not what
    the process's RSS does (glibc may keep freed pages), and it works the same on CPU and CUDA. It is printed with
    and without the ``[V, H]`` output-matrix gradient, which training needs either way; on CUDA the allocator's own
-   ``max_memory_allocated`` over the call is printed too. Also the median time of each.
+   ``max_memory_allocated`` over the call is printed too. Also the median time of each. ``chunked`` is the flat
+   path (backward multiplies every chunk again: a GPU's, and a CPU's past ``chunked.KEEP_CPU_BYTES``); ``kept`` is
+   the path a CPU takes under that budget (backward reads forward's chunk products); ``--autocast`` runs forward
+   under bf16 autocast as ``stage=distill`` does, ``--frozen-head`` freezes the output matrix as a DFlash drafter's
+   is (``--vocab 49152 --hidden 576 --slots 1000``: SmolLM2's head as the study trains it).
 3. ZeRO-0 vs 2 vs 3 on 2 ranks: ``stage=distill`` on the micro world (built in a temporary run_root, with its
    trajectories) through ``torch.distributed.run --nproc_per_node=2`` (gloo on CPU, fp32, streak loss, activation
    checkpointing off for all three so only the ZeRO stage differs). Step time comes from ``metrics.jsonl``: logging
@@ -62,6 +66,7 @@ from _timing import timed
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from streakline.alignment import chunked
 from streakline.alignment.data import TrajectoryWindows
 from streakline.alignment.losses import DEFAULT_CHUNK, LossSettings, chunked_logprobs, naive_logprobs
 from streakline.alignment.trainer import DraftTrainModule
@@ -217,29 +222,46 @@ def bench_logprob_memory(args) -> dict:
     hidden0 = torch.randn(M, H, generator=gen).to(device, dtype)
     weight0 = (torch.randn(V, H, generator=gen) * 0.02).to(device, dtype)
     ids = torch.randint(0, V, (M, 1), generator=gen).to(device)
+    autocast = torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=args.autocast)
+
+    def flat(h, w):
+        # past KEEP_CPU_BYTES (and on a GPU) backward multiplies every chunk again: memory flat in V
+        keep, chunked.KEEP_CPU_BYTES = chunked.KEEP_CPU_BYTES, 0
+        try:
+            return chunked_logprobs(h, w, ids, chunk=args.chunk)
+        finally:
+            chunked.KEEP_CPU_BYTES = keep
+
     fns = {
         "naive": lambda h, w: naive_logprobs(h, w, ids),
-        "chunked": lambda h, w: chunked_logprobs(h, w, ids, chunk=args.chunk),
+        "chunked": flat,
+        # on a CPU, under KEEP_CPU_BYTES: backward reuses the chunk products forward made
+        "kept": lambda h, w: chunked_logprobs(h, w, ids, chunk=args.chunk),
     }
 
     def call(fn):
         # Fresh leaves each time, so no gradient from a previous call is alive (or counted) during this one.
-        h, w = hidden0.clone().requires_grad_(True), weight0.clone().requires_grad_(True)
-        fn(h, w).sum().backward()
+        h, w = hidden0.clone().requires_grad_(True), weight0.clone().requires_grad_(args.train_head)
+        with autocast:
+            out = fn(h, w)
+        out.sum().backward()
 
     out = {}
     for name, fn in fns.items():
         call(fn)  # warm-up
-        h, w = hidden0.clone().requires_grad_(True), weight0.clone().requires_grad_(True)
+        h, w = hidden0.clone().requires_grad_(True), weight0.clone().requires_grad_(args.train_head)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
         with _LiveBytes() as mode:
-            fn(h, w).sum().backward()
+            with autocast:
+                result = fn(h, w)
+            result.sum().backward()
+        grads = (w.grad,) if w.grad is not None else ()
         out[name] = {
             "peak_mb": mode.peak() / 2**20,
-            "peak_without_weight_grad_mb": mode.peak(excluding=(w.grad,)) / 2**20,
+            "peak_without_weight_grad_mb": mode.peak(excluding=grads) / 2**20,
         }
         if device.startswith("cuda"):
             torch.cuda.synchronize()
@@ -253,28 +275,31 @@ def bench_logprob_memory(args) -> dict:
         out[name]["ms"] = 1e3 * statistics.median(times[name])
 
     mv = M * V * 4 / 2**20
+    into = "hidden and output matrix" if args.train_head else "hidden (output matrix frozen)"
     print(
-        f"\n2. label log-prob memory: V={V}, H={H}, M={M} labelled slots, {args.dtype} on {device}, fwd+bwd into "
-        f"hidden and output matrix; chunk {args.chunk}; one fp32 [M, V] = {mv:.0f} MiB, [V, H] grad = "
-        f"{V * H * weight0.element_size() / 2**20:.0f} MiB"
+        f"\n2. label log-prob memory: V={V}, H={H}, M={M} labelled slots, {args.dtype} on {device}"
+        f"{', bf16 autocast' if args.autocast else ''}, fwd+bwd into {into}; chunk {args.chunk}; one fp32 [M, V] = "
+        f"{mv:.0f} MiB, [V, H] grad = {V * H * weight0.element_size() / 2**20:.0f} MiB"
     )
     cuda = device.startswith("cuda")
     head = f"   {'path':<10}{'peak extra MiB':>15}{'w/o [V,H] grad':>16}" + (f"{'allocator MiB':>14}" if cuda else "")
     print(head + f"{'ms':>9}")
-    for name in ("naive", "chunked"):
+    for name in fns:
         r = out[name]
         cells = f"{r['peak_mb']:>15.1f}{r['peak_without_weight_grad_mb']:>16.1f}"
         cells += f"{r['cuda_allocator_peak_mb']:>14.1f}" if cuda else ""
         print(f"   {name:<10}{cells}{r['ms']:>9.0f}")
-    n, c = out["naive"], out["chunked"]
+    n, c, k = out["naive"], out["chunked"], out["kept"]
     ratios = {
         "peak": n["peak_mb"] / c["peak_mb"],
         "peak_without_weight_grad": n["peak_without_weight_grad_mb"] / max(c["peak_without_weight_grad_mb"], 1e-9),
         "time_chunked_over_naive": c["ms"] / n["ms"],
+        "time_kept_over_chunked": k["ms"] / c["ms"],
     }
     print(
         f"   naive / chunked memory: {ratios['peak']:.2f}x (w/o grad {ratios['peak_without_weight_grad']:.1f}x);   "
-        f"chunked / naive time: {ratios['time_chunked_over_naive']:.2f}x"
+        f"chunked / naive time: {ratios['time_chunked_over_naive']:.2f}x;   kept / chunked time: "
+        f"{ratios['time_kept_over_chunked']:.2f}x"
     )
     return {"V": V, "H": H, "M": M, "dtype": args.dtype, "chunk": args.chunk, **out, "ratios": ratios}
 
@@ -406,6 +431,9 @@ def main() -> None:
     g.add_argument("--chunk", type=int, default=DEFAULT_CHUNK)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     g.add_argument("--mem-repeats", type=int, default=3)
+    g.add_argument("--autocast", action="store_true", help="forward under bf16 autocast, as stage=distill's")
+    g.add_argument("--frozen-head", dest="train_head", action="store_false",
+                   help="the output matrix frozen, as a DFlash drafter's (the verifier's head)")  # fmt: skip
     g = ap.add_argument_group("3. ZeRO")
     g.add_argument("--zero-steps", type=int, default=60)
     g.add_argument("--zero-skip", type=int, default=2, help="first steps left out of the step time")

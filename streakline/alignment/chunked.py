@@ -3,7 +3,8 @@
 The losses (``losses.py``) never see ``[M, V]`` logits: ``chunked_logprobs`` is an autograd Function that walks
 the vocabulary ``chunk`` output rows at a time and keeps only ``[M]`` log-normalisers for backward, which recomputes
 each chunk; ``chunked_divergence`` does the same for a full-vocabulary teacher divergence D(p || q) (fkl, rkl, jsd,
-tvd: ``DIVERGENCES``). Peak extra memory is O(M * chunk), flat in V (152k-token vocabularies included).
+tvd: ``DIVERGENCES``). Peak extra memory is O(M * chunk), flat in V (152k-token vocabularies included), except
+that a CPU keeps forward's chunk products for backward while they fit ``KEEP_CPU_BYTES``.
 ``naive_logprobs`` is the plain reference the tests compare with.
 
     ell = chunked_logprobs(hidden, weight, ids, temperature=1.5, chunk=8192)      # [M, k] log q(ids)
@@ -40,6 +41,19 @@ def _check_numerics(temperature: float, chunk: int) -> None:
 # fp32 and in bf16, forward and backward). A GPU keeps the chunk asked for.
 CPU_BLOCK_BYTES = 4 << 20
 MIN_CPU_CHUNK = 256
+
+
+# On a CPU, backward reuses the chunk products forward made, instead of multiplying them again, while all of them
+# together stay under this many bytes: the recompute is one of the three vocabulary GEMMs of a label log-prob's
+# forward and backward (two of four for a divergence), and a CPU has the memory (SmolLM2's head over 700 label slots
+# keeps 69 MB in bf16). The products are the very tensors the recompute would give, so no gradient changes by a bit.
+# A GPU recomputes: its memory is the budget there, and its GEMMs are cheap.
+KEEP_CPU_BYTES = 512 << 20
+
+
+def _keeps_products(hidden: Tensor, vocab: int, dtype: torch.dtype) -> bool:
+    """Whether forward keeps its ``[M, C]`` chunk products for backward (``KEEP_CPU_BYTES``)."""
+    return hidden.device.type == "cpu" and hidden.shape[0] * vocab * dtype.itemsize <= KEEP_CPU_BYTES
 
 
 def _ranges(vocab: int, chunk: int, rows: int = 0, device: torch.device | None = None) -> list[tuple[int, int]]:
@@ -98,6 +112,12 @@ def _mm(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
     return (a.to(dtype) @ b.to(dtype)).float()
 
 
+def _product(hs: Tensor, w: Tensor, start: int, end: int, dtype: torch.dtype) -> Tensor:
+    """``hs @ w[start:end].T`` in the GEMM dtype (``hs`` and ``w`` as ``_scaled_input`` and ``_weight_in`` give
+    them): the one product forward and backward both read, so a kept one is the recomputed one bit for bit."""
+    return hs @ _gemm_input(w[start:end], dtype).T
+
+
 def _accumulate(grad_h, grad_w, dz: Tensor, hs: Tensor, rows: Tensor, start: int, end: int, dtype) -> None:
     """One vocabulary chunk's share of the gradients (each None when not wanted), for ``dz`` = dL/dlogits of the
     chunk and ``hs`` = hidden / T: ``grad_h += dz @ rows`` (the caller divides by T once at the end) and
@@ -142,12 +162,17 @@ def logsumexp_chunked(
     return _logsumexp(hs, w, dtype, _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device))
 
 
-def _logsumexp(hs: Tensor, w: Tensor, dtype: torch.dtype, ranges: list[tuple[int, int]]) -> Tensor:
+def _logsumexp(
+    hs: Tensor, w: Tensor, dtype: torch.dtype, ranges: list[tuple[int, int]], keep: list[Tensor] | None = None
+) -> Tensor:
     """``[M]`` fp32 log-normalisers of ``hs @ w.T`` (``hs`` already scaled by 1/T, both as ``_gemm_input`` and
-    ``_weight_in`` give them), one vocabulary range at a time."""
+    ``_weight_in`` give them), one vocabulary range at a time; each range's product appended to ``keep`` if given."""
     lse = torch.full((hs.shape[0],), -math.inf, device=hs.device)
     for start, end in ranges:
-        lse = torch.logaddexp(lse, _mm(hs, w[start:end].T, dtype).logsumexp(-1))
+        product = _product(hs, w, start, end, dtype)
+        lse = torch.logaddexp(lse, product.float().logsumexp(-1))
+        if keep is not None:
+            keep.append(product)
     return lse
 
 
@@ -158,13 +183,19 @@ class _ChunkedLogprobs(torch.autograd.Function):
         hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
         lse = torch.full((hidden.shape[0],), -math.inf, device=hidden.device)
         picked = torch.zeros(ids.shape, device=hidden.device)
+        keep = _keeps_products(hidden, weight.shape[0], dtype)
+        kept = []
         for start, end in _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device):
-            logits = _mm(hs, w[start:end].T, dtype)
+            product = _product(hs, w, start, end, dtype)
+            logits = product.float()
             lse = torch.logaddexp(lse, logits.logsumexp(-1))
             picked = picked + _pick(logits, ids, start, end)
-        # Only the inputs (alive anyway) and the [M] normaliser are kept: backward recomputes each chunk.
+            if keep:
+                kept.append(product)
+        # The inputs (alive anyway), the [M] normaliser and, where they fit, the chunk products: else backward
+        # recomputes each chunk.
         ctx.save_for_backward(hidden, weight, ids, lse)
-        ctx.temperature, ctx.chunk, ctx.gemm = temperature, chunk, dtype
+        ctx.temperature, ctx.chunk, ctx.gemm, ctx.kept = temperature, chunk, dtype, kept or None
         return picked - lse[:, None]
 
     @staticmethod
@@ -177,11 +208,15 @@ class _ChunkedLogprobs(torch.autograd.Function):
         minus_total = -g.sum(-1, keepdim=True)
         grad_h = torch.zeros(hidden.shape, device=hidden.device) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
-        for start, end in _ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device):
+        kept, ctx.kept = ctx.kept, None  # each kept product is dropped as soon as its chunk is done
+        for i, (start, end) in enumerate(_ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device)):
             rows = _gemm_input(w[start:end], dtype)
+            product = kept[i] if kept is not None else _product(hs, w, start, end, dtype)
+            if kept is not None:
+                kept[i] = None
             # d log p_id / d logit_v = [v = id] - p_v; the softmax part is shared by the k picks of a row. The
             # product stays in the GEMM dtype until the subtraction, which reads it in fp32 (one pass, not two).
-            dz = torch.sub(hs @ rows.T, lse[:, None]).exp_().mul_(minus_total)
+            dz = torch.sub(product, lse[:, None]).exp_().mul_(minus_total)
             inside, local = _inside(ids, start, end)
             dz.scatter_add_(1, local, torch.where(inside, g, 0.0))
             _accumulate(grad_h, grad_w, dz, hs, rows, start, end, dtype)
@@ -194,7 +229,8 @@ def chunked_logprobs(
     """``[M, k]`` fp32 ``log_softmax(hidden @ weight.T / temperature)[m, ids[m, i]]`` without an ``[M, V]`` tensor.
 
     hidden ``[M, H]`` (any float dtype), weight ``[V, H]`` (the drafter's output matrix), ids ``[M, k]`` int64 in
-    ``[0, V)``. Differentiable in hidden and weight; peak extra memory O(M * chunk) in forward and backward.
+    ``[0, V)``. Differentiable in hidden and weight; peak extra memory O(M * chunk) in forward and backward (on a
+    CPU, the ``[M, V]`` products in the GEMM dtype while they fit ``KEEP_CPU_BYTES``).
     """
     _check_numerics(temperature, chunk)
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
@@ -284,13 +320,15 @@ class _ChunkedDivergence(torch.autograd.Function):
         hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
         fn = DIVERGENCES[name]
         ranges = _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device)
-        lse_q = _logsumexp(hs, w, dtype, ranges)  # the inputs cast once, for the normaliser and the terms alike
+        kept = [] if _keeps_products(hidden, weight.shape[0], dtype) else None
+        lse_q = _logsumexp(hs, w, dtype, ranges, kept)  # the inputs cast once, for the normaliser and the terms
         lse_p = torch.full_like(lse_q, -math.inf)
         for start, end in ranges:
             lse_p = torch.logaddexp(lse_p, teacher[:, start:end].float().logsumexp(-1))
         div, b_total, label = torch.zeros_like(lse_q), torch.zeros_like(lse_q), torch.zeros_like(lse_q)
-        for start, end in ranges:
-            logq = torch.sub(hs @ _gemm_input(w[start:end], dtype).T, lse_q[:, None])
+        for i, (start, end) in enumerate(ranges):
+            product = kept[i] if kept is not None else _product(hs, w, start, end, dtype)
+            logq = torch.sub(product, lse_q[:, None])
             logp = teacher[:, start:end].float() - lse_p[:, None]
             terms, b = fn(logp, logq, beta)
             div += terms.sum(-1)
@@ -298,6 +336,7 @@ class _ChunkedDivergence(torch.autograd.Function):
             label += _pick(logq, labels[:, None], start, end)[:, 0]
         ctx.save_for_backward(hidden, weight, teacher, lse_q, lse_p, b_total)
         ctx.name, ctx.beta, ctx.temperature, ctx.chunk, ctx.gemm = name, beta, temperature, chunk, dtype
+        ctx.kept = kept
         ctx.mark_non_differentiable(label)
         return div, label
 
@@ -313,9 +352,13 @@ class _ChunkedDivergence(torch.autograd.Function):
         silent = g == 0
         grad_h = torch.zeros(hidden.shape, device=hidden.device) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
-        for start, end in _ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device):
+        kept, ctx.kept = ctx.kept, None
+        for i, (start, end) in enumerate(_ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device)):
             rows = _gemm_input(w[start:end], dtype)
-            logq = torch.sub(hs @ rows.T, lse_q[:, None])
+            product = kept[i] if kept is not None else _product(hs, w, start, end, dtype)
+            if kept is not None:
+                kept[i] = None
+            logq = torch.sub(product, lse_q[:, None])
             logp = teacher[:, start:end].float() - lse_p[:, None]
             b = fn(logp, logq, ctx.beta)[1]
             dz = torch.where(silent, 0.0, (b - logq.exp() * b_total[:, None]) * g)

@@ -1,9 +1,9 @@
 """Chunked log-probs (``streakline/alignment/chunked.py``): ``chunked_logprobs`` and ``logsumexp_chunked`` against
 the naive log-softmax (values and gradients, fp32 and bf16, any chunk size), the same under autocast (bf16
 products read in fp32, backward in the forward's precision, frozen weights' cached copies never stale),
-out-of-range ids refused, and memory
-flat in V: the bytes autograd keeps and the largest tensor any op allocates at V = 50 000, for the log-probs and
-for a full-vocabulary divergence.
+out-of-range ids refused, backward's reuse of forward's chunk products on a CPU (bit for bit what the recompute
+gives, and only under ``KEEP_CPU_BYTES``), and memory flat in V where the products are not kept: the bytes autograd
+keeps and the largest tensor any op allocates at V = 50 000, for the log-probs and for a full-vocabulary divergence.
 
     python -m pytest tests/alignment/test_losses_chunked.py -q
 """
@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from streakline.alignment import chunked as chunked_module
 from streakline.alignment.losses import chunked_divergence, chunked_logprobs, logsumexp_chunked, naive_logprobs
 from tests.alignment.loss_cases import TEMP, H, V, _leaves
 
@@ -133,6 +134,46 @@ def test_a_frozen_weight_changed_in_place_is_not_read_from_its_stale_copy():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Backward reusing forward's products (a CPU, under KEEP_CPU_BYTES)
+
+
+def _values_and_grads(autocast: bool, trainable: bool):
+    """Both Functions' outputs and the gradients of a loss over them, on one fixed problem."""
+    M, Vb, Hb, T = 23, 777, 48, 1.5
+    g = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(M, Hb, generator=g), torch.randn(Vb, Hb, generator=g) * 0.5
+    ids, labels, upstream = torch.randint(0, Vb, (M, 3), generator=g), torch.randint(0, Vb, (M,), generator=g), \
+        torch.randn(M, 3, generator=g)  # fmt: skip
+    teacher = torch.randn(M, Vb, generator=g)
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(trainable)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        ell = chunked_logprobs(h, w, ids, temperature=T, chunk=100)
+        div, label = chunked_divergence(h, w, teacher, labels, name="jsd", temperature=T, chunk=100)
+    ((ell * upstream).sum() + div.sum()).backward()
+    return [ell, div, label, h.grad] + ([w.grad] if trainable else [])
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+@pytest.mark.parametrize("trainable", [False, True])
+def test_backward_from_kept_products_is_the_recomputed_backward_bit_for_bit(monkeypatch, autocast, trainable):
+    kept = _values_and_grads(autocast, trainable)
+    monkeypatch.setattr(chunked_module, "KEEP_CPU_BYTES", 0)  # past the cap: backward multiplies every chunk again
+    recomputed = _values_and_grads(autocast, trainable)
+    for a, b in zip(kept, recomputed, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_products_are_kept_on_a_cpu_only_and_only_under_the_cap(monkeypatch):
+    hidden = torch.zeros(700, 8)
+    assert chunked_module._keeps_products(hidden, 49_152, torch.bfloat16)  # SmolLM2's head: 69 MB in bf16
+    monkeypatch.setattr(chunked_module, "KEEP_CPU_BYTES", 700 * 49_152 * 2 - 1)
+    assert not chunked_module._keeps_products(hidden, 49_152, torch.bfloat16)
+    assert chunked_module._keeps_products(hidden, 49_152 // 2, torch.bfloat16)
+    assert not chunked_module._keeps_products(hidden, 49_152 // 2, torch.float32)  # fp32 products take twice the bytes
+    assert not chunked_module._keeps_products(torch.zeros(1, 8, device="meta"), 10, torch.bfloat16)  # not a CPU
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Memory flat in V
 
 BIG_V, BIG_M, BIG_H = 50_000, 64, 32
@@ -180,7 +221,8 @@ def _big():
     return hidden, weight, torch.randint(0, BIG_V, (BIG_M, 1))
 
 
-def test_chunked_logprobs_keeps_no_vocabulary_sized_tensor():
+def test_chunked_logprobs_keeps_no_vocabulary_sized_tensor(monkeypatch):
+    monkeypatch.setattr(chunked_module, "KEEP_CPU_BYTES", 0)  # the flat path: a GPU's, and a CPU's past the cap
     hidden, weight, ids = _big()
     budget = BIG_M * BIG_V * 4 // 4
     naive, out_n = _saved_bytes(lambda h, w, i: naive_logprobs(h, w, i), (hidden, weight, ids))
@@ -200,7 +242,8 @@ def test_chunked_logprobs_keeps_no_vocabulary_sized_tensor():
             assert mode.largest < bound, f"an op produced {mode.largest} elements"
 
 
-def test_full_vocabulary_divergence_keeps_no_fp32_vocabulary_tensor():
+def test_full_vocabulary_divergence_keeps_no_fp32_vocabulary_tensor(monkeypatch):
+    monkeypatch.setattr(chunked_module, "KEEP_CPU_BYTES", 0)
     hidden, weight, ids = _big()
     teacher = torch.randn(BIG_M, BIG_V).bfloat16()
     budget = BIG_M * BIG_V * 4 // 4
