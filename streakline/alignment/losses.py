@@ -12,7 +12,8 @@ Every loss is a registered component with one signature, ``(LossInput, LossSetti
 matrix), so no loss ever sees ``[N, G, V]`` logits: log-probs come from ``chunked_logprobs``, an autograd Function
 that walks the vocabulary ``chunk`` output rows at a time and keeps only ``[M]`` log-normalisers for backward,
 which recomputes each chunk (``chunked.py``; a CPU keeps forward's products instead while they fit
-``KEEP_CPU_BYTES``). Peak extra memory is O(M * chunk), flat in V (152k-token vocabularies included). Full-vocabulary teacher divergences use a second Function of the same shape.
+``KEEP_CPU_BYTES``). Peak extra memory is O(M * chunk), flat in V (152k-token vocabularies included).
+Full-vocabulary teacher divergences use a second Function of the same shape.
 
 Invalid slots (``valid`` False, past the end of a completion) carry no weight anywhere, and a streak product
 stops at the first invalid slot: it is never extended through one as if its probability were 1.
