@@ -118,6 +118,17 @@ def _product(hs: Tensor, w: Tensor, start: int, end: int, dtype: torch.dtype) ->
     return hs @ _gemm_input(w[start:end], dtype).T
 
 
+def _backward_product(
+    kept: list | None, i: int, hs: Tensor, w: Tensor, start: int, end: int, dtype: torch.dtype
+) -> Tensor:
+    """Chunk ``i``'s product in backward: the one forward kept (dropped from ``kept`` as it is read, so each is
+    freed once its chunk is done), else ``_product`` again."""
+    if kept is None:
+        return _product(hs, w, start, end, dtype)
+    product, kept[i] = kept[i], None
+    return product
+
+
 def _accumulate(grad_h, grad_w, dz: Tensor, hs: Tensor, rows: Tensor, start: int, end: int, dtype) -> None:
     """One vocabulary chunk's share of the gradients (each None when not wanted), for ``dz`` = dL/dlogits of the
     chunk and ``hs`` = hidden / T: ``grad_h += dz @ rows`` (the caller divides by T once at the end) and
@@ -183,19 +194,18 @@ class _ChunkedLogprobs(torch.autograd.Function):
         hs, w = _scaled_input(hidden, temperature, dtype), _weight_in(weight, dtype)
         lse = torch.full((hidden.shape[0],), -math.inf, device=hidden.device)
         picked = torch.zeros(ids.shape, device=hidden.device)
-        keep = _keeps_products(hidden, weight.shape[0], dtype)
-        kept = []
+        kept = [] if _keeps_products(hidden, weight.shape[0], dtype) else None
         for start, end in _ranges(weight.shape[0], chunk, hidden.shape[0], hidden.device):
             product = _product(hs, w, start, end, dtype)
             logits = product.float()
             lse = torch.logaddexp(lse, logits.logsumexp(-1))
             picked = picked + _pick(logits, ids, start, end)
-            if keep:
+            if kept is not None:
                 kept.append(product)
         # The inputs (alive anyway), the [M] normaliser and, where they fit, the chunk products: else backward
         # recomputes each chunk.
         ctx.save_for_backward(hidden, weight, ids, lse)
-        ctx.temperature, ctx.chunk, ctx.gemm, ctx.kept = temperature, chunk, dtype, kept or None
+        ctx.temperature, ctx.chunk, ctx.gemm, ctx.kept = temperature, chunk, dtype, kept
         return picked - lse[:, None]
 
     @staticmethod
@@ -208,12 +218,10 @@ class _ChunkedLogprobs(torch.autograd.Function):
         minus_total = -g.sum(-1, keepdim=True)
         grad_h = torch.zeros(hidden.shape, device=hidden.device) if need_h else None
         grad_w = torch.empty_like(weight) if need_w else None
-        kept, ctx.kept = ctx.kept, None  # each kept product is dropped as soon as its chunk is done
+        kept, ctx.kept = ctx.kept, None  # a second backward (retain_graph) recomputes
         for i, (start, end) in enumerate(_ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device)):
             rows = _gemm_input(w[start:end], dtype)
-            product = kept[i] if kept is not None else _product(hs, w, start, end, dtype)
-            if kept is not None:
-                kept[i] = None
+            product = _backward_product(kept, i, hs, w, start, end, dtype)
             # d log p_id / d logit_v = [v = id] - p_v; the softmax part is shared by the k picks of a row. The
             # product stays in the GEMM dtype until the subtraction, which reads it in fp32 (one pass, not two).
             dz = torch.sub(product, lse[:, None]).exp_().mul_(minus_total)
@@ -355,9 +363,7 @@ class _ChunkedDivergence(torch.autograd.Function):
         kept, ctx.kept = ctx.kept, None
         for i, (start, end) in enumerate(_ranges(weight.shape[0], ctx.chunk, hidden.shape[0], hidden.device)):
             rows = _gemm_input(w[start:end], dtype)
-            product = kept[i] if kept is not None else _product(hs, w, start, end, dtype)
-            if kept is not None:
-                kept[i] = None
+            product = _backward_product(kept, i, hs, w, start, end, dtype)
             logq = torch.sub(product, lse_q[:, None])
             logp = teacher[:, start:end].float() - lse_p[:, None]
             b = fn(logp, logq, ctx.beta)[1]
