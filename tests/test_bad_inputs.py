@@ -85,6 +85,8 @@ CASES = [
     case("a top-k of zero", [*DECODE, "decoder.top_k=0"], "decoder.top_k=0 keeps no token", "decoder.top_k=null"),
     case("a plateau stop without a held-out check", ["stage=distill", *DATA, "trainer.patience=3",
          "trainer.eval_prompts=0"], "trainer.patience=3 stops on the held-out check", "trainer.patience=null"),
+    case("a time budget of nothing", ["stage=distill", *DATA, "trainer.max_minutes=0"],
+         "trainer.max_minutes=0.0 is not valid", "must be > 0"),
     case("ngram sizes the wrong way round", [*DECODE, "decoder=ngram", "decoder.ngram_min=5"],
          "decoder.ngram_max=4 is below decoder.ngram_min=5", "e.g. decoder.ngram_min=2 decoder.ngram_max=4"),
     case("word for a step count", ["stage=distill", *DATA, "trainer.max_steps=abc"],

@@ -15,6 +15,7 @@ A data-scaling point has to measure what that much data buys, not how many steps
     steps = epoch_steps(max_steps=2000, max_epochs=3, examples=len(windows), per_step=batch * accum * ranks)
     stop = Plateau(patience=3, metric="sim_streak")
     verdict = stop.update(step, result)                           # "best", "wait" or "stop"
+    budget = Deadline(minutes=9.0); budget.passed()               # True once 9 minutes have gone since it was made
 
 Tests: ``python -m pytest tests/alignment/test_stopping.py``.
 """
@@ -22,6 +23,8 @@ Tests: ``python -m pytest tests/alignment/test_stopping.py``.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -98,3 +101,22 @@ class Plateau:
     def load(self, state: dict[str, Any] | None) -> None:
         if state:
             self.best, self.best_step, self.since = state["best"], state["best_step"], state["since"]
+
+
+class Deadline:
+    """``trainer.max_minutes``: a wall-clock budget that starts when it is made (None: no budget). ``passed`` reads
+    the clock; the trainer asks at its logging steps and takes the main rank's answer, so every rank stops at the
+    same step."""
+
+    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        if minutes is not None and not minutes > 0:
+            raise ValueError(f"trainer.max_minutes={minutes} must be above 0 (null: no time budget)")
+        self.seconds = None if minutes is None else 60.0 * float(minutes)
+        self.clock = clock
+        self.start = clock()
+
+    def passed(self) -> bool:
+        return self.seconds is not None and self.clock() - self.start >= self.seconds
+
+    def elapsed_minutes(self) -> float:
+        return (self.clock() - self.start) / 60.0

@@ -44,7 +44,7 @@ from streakline.models import Transformer
 from .data import TrajectoryWindows, WindowBatch, unpack_windows
 from .losses import LossInput, LossSettings, compute_loss
 from .pretrain import window_noise
-from .stopping import Plateau, pass_steps, step_examples
+from .stopping import Deadline, Plateau, pass_steps, step_examples
 from .telemetry import Telemetry, is_wall_clock, run_metadata
 from .windows import slot_rows
 
@@ -244,7 +244,8 @@ class Trainer:
             if patience
             else None
         )
-        self.stopped_at: int | None = None  # the step a plateau stopped the run at (None: it ran to max_steps)
+        self.stopped_at: int | None = None  # the step a plateau or the time budget stopped the run at (None: it ran
+        self.stopped_by: str | None = None  # to max_steps), and which: "plateau" or "max_minutes"
         self.telemetry = Telemetry(strategy, engine, cfg)  # alignment/telemetry.py: what fit logs beyond the loss
         self.run_info: dict[str, Any] = {}  # the run's shape (telemetry.run_metadata), set by fit on the main rank
 
@@ -342,6 +343,7 @@ class Trainer:
             dynamic_ncols=True,
         )  # fmt: skip
         tel.start(start_step)
+        deadline = Deadline(c.get("max_minutes"))  # this process's loop: a resumed run gets the budget afresh
         try:
             for step in range(start_step, c.max_steps):
                 metrics: dict[str, Any] = {}
@@ -370,8 +372,12 @@ class Trainer:
                         self.tracker.log(last, step=done)
                         bar.set_postfix(progress(last), refresh=False)
                 bar.update(1)
+                # trainer.max_minutes, asked at logging steps (the main rank's clock decides for all): this step is
+                # then the last, checked and saved as the one at max_steps would be
+                out_of_time = log_now and deadline.seconds is not None and self._main_says(deadline.passed())
+                final = done == c.max_steps or out_of_time
                 verdict = None
-                if self.evaluate is not None and (done % c.eval_every == 0 or done == c.max_steps):
+                if self.evaluate is not None and (done % c.eval_every == 0 or final):
                     with tel.phase("eval"):
                         result = self.evaluate(done)
                     if result:
@@ -379,15 +385,22 @@ class Trainer:
                         last.update(result)
                         bar.write(f"step {done}: " + summarize(result))
                     verdict = self._plateau(done, result)
-                if done % c.save_every == 0 or done == c.max_steps or self.preempted or verdict in ("best", "stop"):
+                if done % c.save_every == 0 or final or self.preempted or verdict in ("best", "stop"):
                     with tel.phase("checkpoint"):
                         self.save(done)  # a new best is saved (and exported) when it happens: it may be the drafter
                 if self.preempted:
                     raise Preempted(done)
                 if verdict == "stop":
-                    self.stopped_at = done
+                    self.stopped_at, self.stopped_by = done, "plateau"
                     bar.write(f"step {done}: no better held-out {c.stop_metric} for {c.patience} checks; stopping "
                               f"(best {self.plateau.best:.4g} at step {self.plateau.best_step})")  # fmt: skip
+                    break
+                if out_of_time and done < c.max_steps:
+                    self.stopped_at, self.stopped_by = done, "max_minutes"
+                    bar.write(
+                        f"step {done}: trainer.max_minutes={c.max_minutes:g} spent "
+                        f"({deadline.elapsed_minutes():.1f} min); stopping at step {done} of {c.max_steps}"
+                    )
                     break
         finally:
             tel.stop()
@@ -398,14 +411,18 @@ class Trainer:
             last = self.logged_at(c.max_steps)
         if self.plateau is not None and self.plateau.best_step is not None:
             last = {**last, "best_step": self.plateau.best_step, f"best/{c.stop_metric}": self.plateau.best}
-            if self.stopped_at is not None:
-                last["stopped_at"] = self.stopped_at
+        if self.stopped_at is not None:
+            last = {**last, "stopped_at": self.stopped_at, "stopped_by": self.stopped_by}
         if not self.strategy.is_main:
             return last
         return {
             **{k: v for k, v in last.items() if not is_wall_clock(k)},
             **{f"run/{k}": v for k, v in self.run_info.items()},
         }
+
+    def _main_says(self, flag: bool) -> bool:
+        """The main rank's ``flag`` on every rank (a collective), so a decision from its clock is the same on all."""
+        return bool(self.strategy.gather([float(flag)])[0][0])
 
     def _plateau(self, step: int, result: dict[str, Any] | None) -> str | None:
         """The plateau's verdict on this check (None without ``trainer.patience``), the same on every rank: only the

@@ -333,6 +333,9 @@ class TrainerConfig:
     # many completion tokens (nested: a larger value's rows hold a smaller one's); None: every row
     train_tokens: int | None = None
     max_epochs: float | None = None  # stop after this many passes over the examples (max_steps stays the cap)
+    # stop, checked and exported as at max_steps, once this many minutes have passed since the training loop began
+    # (asked every log_every steps): a budget on any machine (make demo), so where it stops depends on the machine
+    max_minutes: float | None = None
     checks_per_epoch: int | None = None  # held-out checks per pass over the examples (sets eval_every)
     # stop once this many held-out checks in a row bring no new best of stop_metric (SCALING_METRICS, the mean over
     # eval_sources); the best check's export is then the run's drafter. None: run to the end

@@ -396,6 +396,8 @@ def _trainer(cfg: DictConfig) -> None:
     _at_least(cfg, "trainer.train_tokens", 1, optional=True)
     if cfg.trainer.max_epochs is not None:
         _positive(cfg, "trainer.max_epochs")
+    if cfg.trainer.get("max_minutes") is not None:
+        _positive(cfg, "trainer.max_minutes")
     _at_least(cfg, "trainer.patience", 1, optional=True)
     _at_least(cfg, "trainer.checks_per_epoch", 1, optional=True)
     _choice(cfg, "trainer.stop_metric", SCALING_METRICS)

@@ -61,7 +61,7 @@ from .runner import Stage, StageResult
 
 # trainer.train_tokens reads the set's first rows that hold that many tokens; runs before it read a seeded sample.
 SUBSET_ORDER = "prefix"
-LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "checks_per_epoch", "patience")  # in the key only when set
+LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "max_minutes", "checks_per_epoch", "patience")  # when set
 # Cadence settings: when to log, evaluate, save and prune does not change the trained drafter, so it does not move
 # the run.
 CADENCE = (

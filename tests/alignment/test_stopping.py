@@ -1,9 +1,10 @@
-"""alignment/stopping.py: nested token subsets, the epoch cap and the plateau stop, on hand-made numbers."""
+"""alignment/stopping.py: nested token subsets, the epoch cap, the plateau stop and the time budget, on hand-made
+numbers (and a hand-driven clock)."""
 
 import numpy as np
 import pytest
 
-from streakline.alignment.stopping import Plateau, epoch_steps, heldout_value, nested_rows
+from streakline.alignment.stopping import Deadline, Plateau, epoch_steps, heldout_value, nested_rows
 
 
 def test_nested_rows_are_the_first_rows_that_hold_the_tokens():
@@ -54,3 +55,17 @@ def test_plateau_waits_for_the_warmup_and_a_whole_pass_without_a_new_best():
     checks = [(5, 2.0), (10, 1.0), (15, 1.0), (20, 1.0), (25, 1.0), (30, 3.0), (40, 1.0), (50, 1.0)]
     got = [stop.update(s, {"eval/x/m": v}) for s, v in checks]
     assert got == ["best", "wait", "wait", "wait", "stop", "best", "wait", "stop"]
+
+
+def test_deadline_passes_once_its_minutes_have_gone_and_never_without_a_budget():
+    now = [100.0]
+    budget = Deadline(1.5, clock=lambda: now[0])  # the clock starts when the budget is made
+    now[0] = 189.9
+    assert not budget.passed()
+    now[0] = 190.0  # 90 s = 1.5 minutes
+    assert budget.passed() and budget.elapsed_minutes() == pytest.approx(1.5)
+    now[0] = 10**9
+    assert not Deadline(None, clock=lambda: now[0]).passed()
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="must be above 0"):
+            Deadline(bad)
