@@ -89,6 +89,9 @@ class EvaluateStage(StageConfig):
     drafter_temperature_grid: list[float] = field(default_factory=lambda: [0.1, 1.0, 1.5, 2.0])
     grid_temperature: float = 0.0  # verifier temperature of the Fig. 5 grid
     ngram: bool = True  # add the training-free prompt-lookup row (decoder=ngram) every trained drafter must beat
+    # add the undistilled drafters: the preset's (base, ar_draft, dflash:base) and the weights a kind's runs started
+    # from, the step 0 of the Fig. 7 lines; off, only what training made is decoded (make demo's budget)
+    base: bool = True
     # also decode each distilled DFlash drafter with decoder=dflash_lookup (prompt lookup where it matches, the
     # drafter elsewhere), as dflash_lookup:<loss>
     lookup: bool = False

@@ -14,7 +14,8 @@ Methods (``stage.methods``; empty = discovered): ``vanilla`` (the reference of e
 unaligned: step 0 of Fig. 7), every complete ``stage=distill`` run of this experiment (labelled by its method, with
 its training steps; DFlash runs as ``dflash:<method>``, decoded with ``dflash_draft``, and ``dflash:base``, the
 drafter they started from, as the step 0 of their Fig. 7 lines; which rows a drafter gets, and which decoder runs
-it, are its kind's entry in ``common.kinds.DRAFTER_KINDS``), the K x drafter-temperature grid of Fig. 5 on
+it, are its kind's entry in ``common.kinds.DRAFTER_KINDS``; ``stage.base=false`` leaves out every undistilled
+row), the K x drafter-temperature grid of Fig. 5 on
 the distilled drafter with the best training-time decoder streak (K i.i.d. drafts, ``argmax_chain=False``, as in
 the paper), each distill run's intermediate checkpoints (``checkpoints/step-*``, labelled ``<method>@<steps>``)
 at the lowest of ``stage.temperatures`` only, for the Fig. 7 curves, and for the block-diffusion target ``static``
@@ -81,9 +82,11 @@ class Evaluate(Stage):
         """The methods (given or discovered: a new distill run changes the key), the settings and the models."""
         ev = cfg.stage
         methods = [EvalMethod.from_config(m) for m in ev.methods] if ev.methods else discover(cfg)
+        settings = stage_settings(cfg)  # (under "evaluate": the key of runs from before settings moved under stage)
+        settings.pop("base", None)  # what it changes is the method list; earlier runs keep their folders
         return {
             "methods": [m.as_dict() for m in methods],
-            "evaluate": stage_settings(cfg),  # the key of runs from before settings moved under stage
+            "evaluate": settings,
             "seed": cfg.seed,
             "decoder": _decoder_key(cfg.decoder),
             "models": {r: cfg.model[r].get("path") for r in ("verifier", "drafter", "target") if r in cfg.model},
@@ -167,13 +170,14 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
     methods = [EvalMethod("vanilla", "vanilla")]
     if ev.ngram:  # prompt lookup: the free baseline (no model, no training)
         methods.append(EvalMethod("ngram", "ngram"))
-    methods += preset_rows(cfg)
+    if ev.base:
+        methods += preset_rows(cfg)
     runs = distill_runs(cfg)
     for r in runs:  # each run's exports decode with its kind's decoder (a DFlash run's with dflash_draft)
         r["decoder"] = drafter_kind(cfg, str(Path(r["folder"]) / "drafter")).decoder
     for kind in DRAFTER_KINDS.values():  # the lines of a kind whose runs start from weights no preset row decodes
-        if kind.start_rows and kind is not preset:  # (a from-scratch DFlash drafter's init/); the preset's own
-            methods += _start_rows(kind, runs)  # kind starts from the preset's drafter, its base row
+        if ev.base and kind.start_rows and kind is not preset:  # (a from-scratch DFlash drafter's init/); the
+            methods += _start_rows(kind, runs)  # preset's own kind starts from the preset's drafter, its base row
     names = [line_name(r["method"], r["decoder"]) for r in runs]  # dflash:<loss> beside a plain drafter's <loss>
     curve_temperature = min(float(T) for T in ev.temperatures)  # Fig. 7's (fig7_speedup_vs_steps picks the same)
     curves = []

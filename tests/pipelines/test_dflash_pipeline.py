@@ -139,6 +139,11 @@ def test_other_losses_train_dflash_drafters_and_evaluate_runs_them(world, dflash
     base = discover(attach_world(_cfg(world, "evaluate", DFLASH), False))
     names = {m.name: m.decoder for m in base}
     assert names["dflash:base"] == "dflash_draft" and "ar_draft" not in names
+    # stage.base=false: only what training made and the references; no undistilled row (the preset's ar_draft and
+    # base, dflash:base as the DFlash runs' start)
+    trained = {m.name for m in discover(attach_world(_cfg(world, "evaluate", "stage.base=false"), False))}
+    untrained = {"ar_draft", "base", "dflash:base"}
+    assert trained == {m.name for m in found} - untrained and "dflash:ce_streak" in trained and "vanilla" in trained
     # stage.lookup=true: every DFlash run also decodes behind prompt lookup (decoder=dflash_lookup)
     hybrid = {
         m.name: m for m in discover(attach_world(_cfg(world, "evaluate", "stage.lookup=true"), False)) if not m.curve
