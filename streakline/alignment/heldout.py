@@ -1,5 +1,6 @@
 """Held-out checks of a drafter during distillation (rank 0): the simulated streak against the verifier's greedy
-continuations of held-out prompts, and the real decoder's accepted streak on a few of them.
+continuations of held-out prompts (and its soft form under the verifier's probabilities, unless
+``trainer.eval_soft_streak=false``), and the real decoder's accepted streak on a few of them.
 
     evaluator = HeldoutEvaluator(verifier, tokenizer, pairs_from(...), gamma, mask_id)
     metrics = evaluator(step, drafter)   # {"eval/<source>/sim_streak": ..., "eval/<source>/decoder_streak": ...}
@@ -20,16 +21,25 @@ class HeldoutEvaluator:
     """Held-out checks on rank 0: simulated streak against verifier continuations, and the real decoder's streak."""
 
     def __init__(
-        self, verifier, tokenizer, sources, prompts_per_source: int, gamma: int, mask_id: int, *, chat_template: bool
+        self,
+        verifier,
+        tokenizer,
+        sources,
+        prompts_per_source: int,
+        gamma: int,
+        mask_id: int,
+        *,
+        chat_template: bool,
+        soft: bool = True,
     ) -> None:
         """``sources``: prompt sources (``data.sources``) whose first ``prompts_per_source`` prompts are held out,
         rendered as ``stage=evaluate`` renders them (``chat_template``); the verifier continues each greedily for
-        ``4 * gamma`` tokens once, here."""
+        ``4 * gamma`` tokens once, here. ``soft``: report ``soft_streak`` too (``trainer.eval_soft_streak``)."""
         from streakline.data.benchmarks import BenchmarkError
         from streakline.data.sources import load_source, prompt_for, source_label
         from streakline.decoding.vanilla import greedy_generate
 
-        self.verifier, self.gamma, self.mask_id = verifier, gamma, mask_id
+        self.verifier, self.gamma, self.mask_id, self.soft = verifier, gamma, mask_id, soft
         self.pairs: dict[str, list[tuple[list[int], list[int]]]] = {}
         eos = tokenizer.eos_token_id
         for source in sources:
@@ -61,9 +71,10 @@ class HeldoutEvaluator:
         drafter.eval()
         out: dict[str, Any] = {}
         for name, pairs in self.pairs.items():
-            s = simulated_streak(drafter, pairs, self.gamma, self.mask_id, verifier=self.verifier)
+            s = simulated_streak(drafter, pairs, self.gamma, self.mask_id, verifier=self.verifier, soft=self.soft)
             out[f"eval/{name}/sim_streak"] = s["mean_streak"]
-            out[f"eval/{name}/soft_streak"] = s["mean_soft_streak"]
+            if self.soft:
+                out[f"eval/{name}/soft_streak"] = s["mean_soft_streak"]
             out[f"eval/{name}/alpha"] = s["alpha"]
             prompts = [p for p, _ in pairs[:4]]
             res = generate(

@@ -95,13 +95,15 @@ def simulated_streak(
     gamma: int,
     mask_id: int,
     verifier: Transformer | None = None,
+    soft: bool = True,
 ) -> dict[str, float | list[float] | int]:
     """Mean simulated streak over every window of every completion (window offsets at each completion token).
 
     Returns ``{"mean_streak", "alpha" (γ values), "windows"}`` plus ``"mean_soft_streak"`` when ``verifier`` is
-    given (a DFlash drafter needs it: the verifier's layer states are its input). Slots past a completion's end never
-    count (a product stops at an invalid slot, and ``α_j`` leaves out the windows whose slot j is past the end;
-    ``α_j`` is 0.0 when no window reached slot j).
+    given and ``soft`` (a DFlash drafter needs the verifier either way: its layer states are the drafter's input; the
+    soft streak costs a verifier forward over every window's draft on top, most of the call on a CPU). Slots past a
+    completion's end never count (a product stops at an invalid slot, and ``α_j`` leaves out the windows whose slot
+    j is past the end; ``α_j`` is 0.0 when no window reached slot j).
     """
     dflash = isinstance(drafter, DFlashModel)
     if dflash and (verifier is None or gamma != drafter.dflash.block_size - 1):
@@ -110,7 +112,7 @@ def simulated_streak(
             f"gamma = block_size - 1 = {drafter.dflash.block_size - 1} (got {gamma})"
         )
     device = drafter.embed.weight.device
-    streaks, soft = [], []
+    streaks, softs = [], []
     accepted = torch.zeros(gamma, dtype=torch.float64)
     tried = torch.zeros(gamma, dtype=torch.float64)
     for prompt, completion in trajectories:
@@ -127,8 +129,8 @@ def simulated_streak(
         a, t = alpha_counts(s, valid)
         accepted += a
         tried += t
-        if verifier is not None:
-            soft.append(_streaks(_verifier_probs(verifier, clean, offsets, draft) * valid))
+        if verifier is not None and soft:
+            softs.append(_streaks(_verifier_probs(verifier, clean, offsets, draft) * valid))
     if not streaks:
         raise ValueError("no trajectory had both a prompt and a completion")
     all_streaks = torch.cat(streaks)
@@ -138,8 +140,8 @@ def simulated_streak(
         "alpha": alpha,
         "windows": int(all_streaks.numel()),
     }
-    if soft:
-        out["mean_soft_streak"] = float(torch.cat(soft).mean())
+    if softs:
+        out["mean_soft_streak"] = float(torch.cat(softs).mean())
     return out
 
 

@@ -343,6 +343,9 @@ class TrainerConfig:
     stop_metric: str = "sim_streak"
     eval_sources: list[str] = field(default_factory=lambda: ["tiny-math", "tiny-code"])  # held-out prompts
     eval_prompts: int = 16  # per source, for the simulated streak and the decoder check
+    # the check's soft streak too (the verifier's probability of every drafted slot: a verifier forward over every
+    # window's draft, about 60% of a check on a CPU); a report, not a stop (unless stop_metric=soft_streak)
+    eval_soft_streak: bool = True
     windows_per_seq: int = 8  # windows packed per trajectory (prefix_causal drafters)
     stride: int = 1  # completion positions between window offsets
     # right-pad each batch's trajectories to a multiple of this many tokens (never attended, never labelled): with

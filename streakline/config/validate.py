@@ -401,6 +401,15 @@ def _trainer(cfg: DictConfig) -> None:
     _at_least(cfg, "trainer.patience", 1, optional=True)
     _at_least(cfg, "trainer.checks_per_epoch", 1, optional=True)
     _choice(cfg, "trainer.stop_metric", SCALING_METRICS)
+    if (
+        cfg.trainer.stop_metric == "soft_streak"
+        and cfg.trainer.patience is not None
+        and not cfg.trainer.get("eval_soft_streak", True)
+    ):
+        raise ConfigError(
+            "trainer.stop_metric=soft_streak stops on the check's soft streak, which trainer.eval_soft_streak=false "
+            "turns off: set trainer.eval_soft_streak=true, or stop on trainer.stop_metric=sim_streak"
+        )
     if cfg.trainer.patience is not None and (cfg.trainer.eval_prompts < 1 or not cfg.trainer.eval_sources):
         raise ConfigError(
             f"trainer.patience={cfg.trainer.patience} stops on the held-out check, which trainer.eval_prompts="

@@ -66,7 +66,7 @@ LATER_TRAINER_DROPPED = ("train_tokens", "max_epochs", "max_minutes", "checks_pe
 # the run.
 CADENCE = (
     "save_every", "eval_every", "log_every", "wandb_project", "eval_sources", "eval_prompts", "keep_last",
-    "keep_exports", "profile", "plan_check",
+    "keep_exports", "profile", "plan_check", "eval_soft_streak",
 )  # fmt: skip
 # Shapes only: padding is never attended nor labelled, so it moves the drafter by float rounding alone
 SHAPES = ("pad_multiple",)
@@ -501,5 +501,6 @@ def _evaluator(cfg: DictConfig, tokenizer, gamma: int, mask_id: int, device, ver
     if verifier is None:
         verifier = build(cfg.model.verifier, "verifier", device=device, inference=True)
     return HeldoutEvaluator(
-        verifier, tokenizer, list(t.eval_sources), t.eval_prompts, gamma, mask_id, chat_template=cfg.data.chat_template
-    )
+        verifier, tokenizer, list(t.eval_sources), t.eval_prompts, gamma, mask_id, chat_template=cfg.data.chat_template,
+        soft=t.eval_soft_streak,
+    )  # fmt: skip

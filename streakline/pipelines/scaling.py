@@ -65,6 +65,11 @@ class Scaling(Stage):
             raise ConfigError(f"stage.launch={s.launch} is not valid; choose from: {', '.join(SCALING_LAUNCHES)}")
         if s.metric not in SCALING_METRICS:
             raise ConfigError(f"stage.metric={s.metric} is not valid; choose from: {', '.join(SCALING_METRICS)}")
+        if s.metric == "soft_streak" and not cfg.trainer.eval_soft_streak:
+            raise ConfigError(
+                "stage.metric=soft_streak reads the held-out checks' soft streak, which trainer.eval_soft_streak=false "
+                "turns off: set trainer.eval_soft_streak=true, or stage.metric=sim_streak"
+            )
         sizes = list(s.world_sizes)
         if any(n < 1 for n in sizes) or len(set(sizes)) != len(sizes):
             raise ConfigError(f"stage.world_sizes={sizes} must be distinct rank counts >= 1, e.g. [1,2,4] ([]: none)")

@@ -66,6 +66,11 @@ def test_packed_streak_equals_direct_definition():
     kept = [sum(s >= j for s in streaks) for j in range(1, 5)]
     expected = [k / t if t else 0.0 for k, t in zip(kept, tried, strict=True)]
     assert stats["alpha"] == pytest.approx(expected, abs=1e-6)
+    # soft=False (trainer.eval_soft_streak=false): the exact streak and alpha as they were, no verifier probabilities
+    hard = simulated_streak(drafter, trajectories, gamma=4, mask_id=MASK, verifier=verifier, soft=False)
+    assert "mean_soft_streak" not in hard and {k: hard[k] for k in ("mean_streak", "alpha", "windows")} == {
+        k: stats[k] for k in ("mean_streak", "alpha", "windows")
+    }
 
 
 def _decoder_draft(drafter_model, prefix, gamma):

@@ -337,6 +337,16 @@ def test_new_feature_settings_at_their_defaults_leave_run_keys_alone(world):
     stored = attach_world(_cfg(world, "distill", DFLASH, FEATURES, "method=dflash_ce", "method.features=stored"), False)
     assert trajectories_key(stored, "0" * 12)["data"]["feature_layers"] == [1, 2]
     assert DISTILL.key(stored)["method"]["features"] == "stored"
+    # trainer.max_minutes (2026-12-04) unset and the check's soft streak (a report, even under a plateau stop on
+    # sim_streak) are not in the key; a time budget, set, is: where it stops is the drafter
+    trainer = DISTILL.key(cfg)["trainer"]
+    assert "max_minutes" not in trainer and "eval_soft_streak" not in trainer
+    plateau = ["method=dflash_ce", "trainer.patience=3", "trainer.eval_prompts=2"]
+    soft = DISTILL.key(attach_world(_cfg(world, "distill", DFLASH, *plateau), False))
+    hard = DISTILL.key(attach_world(_cfg(world, "distill", DFLASH, *plateau, "trainer.eval_soft_streak=false"), False))
+    assert soft == hard and soft["trainer"]["eval_prompts"] == 2  # (with patience the check's own settings are)
+    timed = attach_world(_cfg(world, "distill", DFLASH, "method=dflash_ce", "trainer.max_minutes=9"), False)
+    assert DISTILL.key(timed)["trainer"]["max_minutes"] == 9
 
 
 @pytest.mark.parametrize(

@@ -238,14 +238,16 @@ def test_a_token_subset_an_epoch_cap_and_a_plateau_stop(world, capsys):
 def test_a_time_budget_stops_the_run_with_a_last_check_and_export(world):
     """trainer.max_minutes: at the first logging step past the budget the run stops, checked and exported as the
     step at max_steps would be; the manifest says where and why. A budget of a microsecond has passed by step 3
-    (the first logging step) on any machine."""
+    (the first logging step) on any machine. That check runs without its soft streak (trainer.eval_soft_streak)."""
     run = _distill(world, "distill-data", "method=streak", "trainer.max_minutes=1e-8", "trainer.max_steps=40",
-                   "trainer.log_every=3", "trainer.eval_every=100", "trainer.save_every=100")  # fmt: skip
+                   "trainer.log_every=3", "trainer.eval_every=100", "trainer.save_every=100",
+                   "trainer.eval_soft_streak=false")  # fmt: skip
     manifest = read_manifest(run.folder)
     m = manifest.metrics
     assert (m["stopped_at"], m["steps"], m["stopped_by"]) == (3, 3, "max_minutes")
     assert manifest.config["trainer"]["max_minutes"] == 1e-8  # set, it is part of the run key
-    assert any(k.startswith("eval/") for k in m)  # the last step's held-out check ran (eval_every is 100)
+    checked = [k for k in m if k.startswith("eval/")]  # the last step's held-out check ran (eval_every is 100)
+    assert any(k.endswith("/sim_streak") for k in checked) and not any(k.endswith("/soft_streak") for k in checked)
     last = Path(run.folder) / "checkpoints" / "step-000003"
     assert all(torch.equal(a, _weights(run.artifact)[k]) for k, a in _weights(last).items())
     assert len(_losses(run.folder)) == 1  # logged at step 3 only, and no step after it
