@@ -398,8 +398,8 @@ class Trainer:
                 if out_of_time and done < c.max_steps:
                     self.stopped_at, self.stopped_by = done, "max_minutes"
                     bar.write(
-                        f"step {done}: trainer.max_minutes={c.max_minutes:g} spent "
-                        f"({deadline.elapsed_minutes():.1f} min); stopping at step {done} of {c.max_steps}"
+                        f"step {done}: trainer.max_minutes={c.max_minutes:g} spent; stopping at step {done} of "
+                        f"{c.max_steps} ({deadline.elapsed_minutes():.1f} minutes with the last check and save)"
                     )
                     break
         finally:
