@@ -221,7 +221,7 @@ def offline_run(run_dir: Path) -> dict:
     g = torch.Generator().manual_seed(3)
     pairs = [(torch.randint(0, MASK, (6,), generator=g).tolist(), torch.randint(0, MASK, (8,), generator=g).tolist())
              for _ in range(2)]  # fmt: skip
-    evaluator.verifier, evaluator.gamma, evaluator.mask_id = module._verifier[0], 4, MASK
+    evaluator.verifier, evaluator.gamma, evaluator.mask_id, evaluator.soft = module._verifier[0], 4, MASK, True
     evaluator.pairs = {"tiny-math": pairs}
     trainer.evaluate = lambda step: evaluator(step, module.drafter)
     trainer.cfg.eval_every = 2
