@@ -194,6 +194,10 @@ class ScalingStage(StageConfig):
     # token_sizes: also decode held-out prompts with each seed-0 run's drafter, beside vanilla and ngram, through
     # stage=evaluate (settings.evaluate: benchmarks, prompts, temperatures): the wall-clock speedup of every point
     evaluate: bool = False
+    # token_sizes: points of earlier sittings (each a scaling.json, or a file of its shape: "metric" and "acceptance"),
+    # read into this report's table, fits and figures where this study has no run of the same line, size and seed;
+    # a study spanning machines whose run folders did not travel keeps its curve (docs/scaling.md)
+    prior: list[str] = field(default_factory=list)
 
 
 # The settings dataclass of each stage that has settings (the others' ``cfg.stage`` is a plain StageConfig).

@@ -396,7 +396,7 @@ def _trainer(cfg: DictConfig) -> None:
     _at_least(cfg, "trainer.train_tokens", 1, optional=True)
     if cfg.trainer.max_epochs is not None:
         _positive(cfg, "trainer.max_epochs")
-    if cfg.trainer.get("max_minutes") is not None:
+    if cfg.trainer.max_minutes is not None:
         _positive(cfg, "trainer.max_minutes")
     _at_least(cfg, "trainer.patience", 1, optional=True)
     _at_least(cfg, "trainer.checks_per_epoch", 1, optional=True)
@@ -404,7 +404,7 @@ def _trainer(cfg: DictConfig) -> None:
     if (
         cfg.trainer.stop_metric == "soft_streak"
         and cfg.trainer.patience is not None
-        and not cfg.trainer.get("eval_soft_streak", True)
+        and not cfg.trainer.eval_soft_streak
     ):
         raise ConfigError(
             "trainer.stop_metric=soft_streak stops on the check's soft streak, which trainer.eval_soft_streak=false "

@@ -203,10 +203,12 @@ def acceptance_figure(
     for i, (loss, pts) in enumerate(points.items()):
         color = f"C{i}"
         for j, size in enumerate(sizes):
-            mine = [p for p in pts if p["data_size"] == size]
-            if mine:
-                ax.scatter([p["label_tokens"] for p in mine], [p["value"] for p in mine], color=color,
-                           marker=markers[j % len(markers)], s=28, alpha=0.8)  # fmt: skip
+            for prior in (False, True):  # an earlier sitting's point (stage.prior) is drawn hollow
+                mine = [p for p in pts if p["data_size"] == size and bool(p.get("prior")) == prior]
+                if mine:
+                    face = "none" if prior else color
+                    ax.scatter([p["label_tokens"] for p in mine], [p["value"] for p in mine], s=28, alpha=0.8,
+                               marker=markers[j % len(markers)], edgecolors=color, facecolors=face)  # fmt: skip
         fit = fits.get(loss)
         label = loss if fit is None else f"{loss}: {fit.a:.3g} x^{fit.exponent:.3f}"
         xs = sorted(p["label_tokens"] for p in pts if p["label_tokens"] > 0)
@@ -215,6 +217,10 @@ def acceptance_figure(
             ax.plot(grid, [fit(x) for x in grid], color=color, lw=1.5, label=label)
         else:
             ax.plot([], [], color=color, label=f"{label} (no fit)")
+    if any(p.get("prior") for pts in points.values() for p in pts):
+        ax.scatter(
+            [], [], marker="o", s=28, edgecolors="black", facecolors="none", label="earlier sitting (stage.prior)"
+        )
     for j, size in enumerate([] if by_tokens else sizes):  # the marker legend: data sizes, in black
         ax.scatter([], [], color="black", marker=markers[j % len(markers)], s=28, label=f"{size} prompts")
     ax.set_xscale("log")
@@ -329,9 +335,13 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
     if "acceptance" in figures:
         lines += ["", f"![accepted streak against training tokens]({Path(figures['acceptance']).name})"]
     if by_tokens:
-        lines += ["", f"| loss | training tokens | seed | steps | {metric} |", "|---|---|---|---|---|"]
-        lines += [f"| {p['method']} | {p['data_size']} | {p['seed']} | {p['step']} | {_f(p['value'], '.3f')} |"
-                  for p in summary["acceptance"]]  # fmt: skip
+        lines += ["", f"| loss | training tokens | seed | steps | {metric} | run |", "|---|---|---|---|---|---|"]
+        lines += [f"| {p['method']} | {p['data_size']} | {p['seed']} | {p['step']} | {_f(p['value'], '.3f')} | "
+                  f"{_run(p)} |" for p in summary["acceptance"]]  # fmt: skip
+        prior = sorted({p["prior"] for p in summary["acceptance"] if p.get("prior")})
+        if prior:
+            lines += ["", "Points marked *prior* were measured by an earlier sitting (`stage.prior`: "
+                      f"{', '.join(prior)}), where this study has no run of the same line, size and seed."]  # fmt: skip
         return lines
     lines += ["", "| loss | prompts | step | label tokens | " + metric + " |", "|---|---|---|---|---|"]
     for p in summary["acceptance"]:
@@ -340,6 +350,12 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
             f"{_f(p['value'], '.3f')} |"
         )
     return lines
+
+
+def _run(point: dict[str, Any]) -> str:
+    """A point's run folder (its key), and where an earlier sitting measured it, that sitting's report."""
+    name = f"`{Path(point['folder']).name}`" if point.get("folder") else "-"
+    return f"{name} *prior: {point['prior']}*" if point.get("prior") else name
 
 
 # ------------------------------------------------------------------------------------------------ wall clock

@@ -104,6 +104,7 @@ class Scaling(Stage):
             )
         if s.evaluate and not tokens:
             raise ConfigError("stage.evaluate decodes the drafters of stage.token_sizes, which is empty")
+        data_scaling.read_prior(cfg)  # a missing or mismatched file is refused before anything trains
         if s.zero_stage not in ZERO_STAGES:
             raise ConfigError(f"stage.zero_stage={s.zero_stage} is not valid; choose from: 0, 2, 3")
         every = (*s.methods, s.throughput_method, *(m for a in s.arms for m in a.methods))
@@ -119,7 +120,10 @@ class Scaling(Stage):
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "data", "trainer", "decoder")}
         plain["trainer"].pop("wandb_project", None)  # where the runs log, not what they measure
         plain["trainer"].pop("autocast", None)  # the setting; what it resolves to here is "autocast" (absent: fp32)
-        return {"scaling": stage_settings(cfg), **plain, **autocast_part(cfg), "seed": cfg.seed, "recipe": RECIPE}
+        settings = stage_settings(cfg)
+        if settings.pop("prior", None):  # what the files say, not where they lie; none: earlier reports keep folders
+            settings["prior"] = config_hash(data_scaling.read_prior(cfg))
+        return {"scaling": settings, **plain, **autocast_part(cfg), "seed": cfg.seed, "recipe": RECIPE}
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
         from . import run_stage  # the dispatcher: every run goes through the runner like any stage
@@ -148,6 +152,8 @@ class Scaling(Stage):
         points = data_scaling.token_points(cfg, run_stage) if by_tokens else _prompt_points(cfg)
         records = data_scaling.wall_clock(cfg, points, run_stage) if by_tokens and s.evaluate else []
         wall_clock = scaling_report.wall_clock_rows(records, points)
+        if by_tokens:  # earlier sittings' points join the table, fits and figures (decoded only where they ran)
+            points = data_scaling.with_prior(cfg, points)
         fits = {
             m: scaling_report.fit_power_law([p["label_tokens"] for p in pts], [p["value"] for p in pts])
             for m, pts in points.items()

@@ -8,6 +8,7 @@ every distill run back from its key without starting a rank, and logs the figure
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -163,6 +164,43 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
             "trainer.max_steps=6", "trainer.wandb_project=null",
         ))  # fmt: skip
     assert sorted((root / "scaling-tokens" / "distill").iterdir()) == runs  # nothing trained
+
+    # stage.prior: a later sitting (here: one size, one seed) reads the earlier report's points where it has no run
+    earlier = json.loads((Path(result.folder) / "scaling.json").read_text())
+    mine = next(p for p in earlier["acceptance"] if (p["data_size"], p["seed"]) == (40, 0))
+    mine["value"] = -1.0  # the earlier report's copy of a point this sitting measures again: the run must win
+    ledger = root / "ledger.json"
+    ledger.write_text(json.dumps(earlier))
+    later = run_stage(_config(
+        root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+        "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40]", "settings.scaling.seeds=[]",
+        "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
+        "trainer.wandb_project=null", f"settings.scaling.prior=[{ledger}]",
+    ))  # fmt: skip
+    assert sorted((root / "scaling-tokens" / "distill").iterdir()) == runs  # the 40-token run was reused
+    merged = {(p["data_size"], p["seed"]): p for p in later.details["summary"]["acceptance"]}
+    assert set(merged) == {(40, 0), (40, 1), (120, 0), (120, 1)}
+    assert "prior" not in merged[40, 0] and merged[40, 0]["value"] == next(
+        p["value"] for p in points if (p["data_size"], p["seed"]) == (40, 0))  # fmt: skip
+    assert all(merged[k]["prior"] == "ledger.json" for k in ((40, 1), (120, 0), (120, 1)))
+    fit = later.details["summary"]["fits"]["ce_streak"]
+    assert fit is not None and fit["points"] == 4  # both sizes: the earlier sitting's reach the fit
+    assert "*prior: ledger.json*" in (Path(later.folder) / "scaling.md").read_text()
+    ledger.write_text(json.dumps({**earlier, "acceptance": earlier["acceptance"][:1]}))  # edited: a new report
+    assert not run_stage(later_cfg := _config(
+        root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+        "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40]", "settings.scaling.seeds=[]",
+        "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
+        "trainer.wandb_project=null", f"settings.scaling.prior=[{ledger}]",
+    )).cached  # fmt: skip
+    for text, match in (("{", "is not readable JSON"), (json.dumps({**earlier, "metric": "decoder_streak"}),
+                        "holds 'decoder_streak' points and this study fits stage.metric=sim_streak")):  # fmt: skip
+        ledger.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            load_stage("scaling").check(later_cfg)
+    ledger.unlink()
+    with pytest.raises(ConfigError, match="ledger.json does not exist"):
+        load_stage("scaling").check(later_cfg)
 
 
 def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):

@@ -5,14 +5,19 @@ arithmetic and figures are ``evaluation/scaling.py``'s.
     runs = token_runs(cfg)                   # [Run(label, method, size, seed, overrides), ...]
     points = token_points(cfg, run_stage)    # {label: [{"data_size", "seed", "value", "folder", ...}, ...]}
     rows = wall_clock(cfg, points, run_stage)   # stage.evaluate: speedup per point, beside vanilla and ngram
+    points = with_prior(cfg, points)         # stage.prior: earlier sittings' points where this study has none
 
 A run is one loss of one recipe (an arm: ``stage.arms``, or the stage's own methods and run_overrides) at one
-token size and seed; every run is an ordinary distill run, cached by its key, so a cut-off study resumes.
+token size and seed; every run is an ordinary distill run, cached by its key, so a cut-off study resumes. Where the
+run folders do not survive (a new machine, a purged scratch), ``stage.prior`` reads the points of earlier sittings
+from their reports, so a study's curve spans sittings on any machine.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,3 +156,64 @@ def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_sta
     evaluation.stage.methods = [EvalMethodConfig(**m.as_dict()) for m in methods]
     result = run_stage(evaluation)
     return list(result.details["records"])
+
+
+PRIOR_KEYS = ("method", "data_size", "seed", "value")  # what a prior point must give (label, size, seed, the value)
+
+
+def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The points of ``stage.prior``'s files (each a ``scaling.json`` of an earlier study, or a file of its shape),
+    each marked ``prior: <file name>``, checked against this study: the same metric and model, every point whole.
+    Refuses (naming the file and the fix) a file that is missing, is not JSON or does not match."""
+    s, out = cfg.stage, []
+    if s.prior and not s.token_sizes:
+        raise ConfigError("stage.prior adds earlier points to a data-scaling study, and stage.token_sizes is empty")
+    for name in s.prior:
+        path = os.path.abspath(os.path.expanduser(name))
+        try:
+            summary = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(
+                f"stage.prior: {path} does not exist; give the scaling.json of an earlier study"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise ConfigError(
+                f"stage.prior: {path} is not readable JSON ({e}); give an earlier study's scaling.json"
+            ) from e
+        if not isinstance(summary, dict) or not isinstance(summary.get("acceptance"), list):
+            raise ConfigError(f"stage.prior: {path} has no 'acceptance' list of points: is it a scaling.json?")
+        if summary.get("metric") != s.metric:
+            raise ConfigError(
+                f"stage.prior: {path} holds {summary.get('metric')!r} points and this study fits stage.metric="
+                f"{s.metric}: give the same metric, or leave the file out"
+            )
+        model = (summary.get("setup") or {}).get("model")
+        if model is not None and model != cfg.model.name:
+            raise ConfigError(f"stage.prior: {path} measured model={model}, this study model={cfg.model.name}")
+        for i, p in enumerate(summary["acceptance"]):
+            bad = [k for k in PRIOR_KEYS if not isinstance(p, dict) or p.get(k) is None]
+            if bad:
+                raise ConfigError(f"stage.prior: {path}: point {i} lacks {bad} (each needs {list(PRIOR_KEYS)})")
+            size = int(p["data_size"])
+            out.append({
+                "loss": p.get("loss", p["method"]), "step": p.get("step"), "label_tokens": p.get("label_tokens", size),
+                "folder": p.get("folder"), **p, "data_size": size, "seed": int(p["seed"]),
+                "prior": p.get("prior") or Path(path).name,
+            })  # fmt: skip
+    return out
+
+
+def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """``points`` and every ``stage.prior`` point of a (line, size, seed) this study did not measure: what runs now
+    wins, and the first file that gives a point wins over the later ones."""
+    have = {(p["method"], p["data_size"], p["seed"]) for pts in points.values() for p in pts}
+    out, grown = {label: list(pts) for label, pts in points.items()}, set()
+    for p in read_prior(cfg):
+        at = (p["method"], p["data_size"], p["seed"])
+        if at not in have:
+            have.add(at)
+            out.setdefault(p["method"], []).append(p)
+            grown.add(p["method"])
+    for label in grown:  # a line's points by size, as a study that ran them all would list them
+        out[label].sort(key=lambda p: (p["data_size"], p["seed"]))
+    return out
