@@ -75,8 +75,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def resolve_paths(cfg: DictConfig) -> DictConfig:
-    """Make ``run_root``, every role's ``path`` / ``tokenizer`` and ``trainer.resume_from`` absolute, in place;
-    returns ``cfg``.
+    """Make ``run_root``, every role's ``path`` / ``tokenizer``, ``trainer.resume_from`` and stage=scaling's
+    ``stage.prior`` files absolute, in place; returns ``cfg``.
 
     Relative paths are taken against the current directory, which Hydra leaves alone
     (``hydra.job.chdir=false``), so they mean what they meant on the command line. Workers receive the
@@ -90,6 +90,8 @@ def resolve_paths(cfg: DictConfig) -> DictConfig:
                 node[key] = _absolute(node[key])
     if cfg.trainer.resume_from:  # the run to extend, as the command line meant it (Slurm jobs start elsewhere)
         cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
+    if cfg.get("stage") is not None and cfg.stage.get("prior"):  # earlier sittings' reports (stage=scaling)
+        cfg.stage.prior = [_absolute(p) for p in cfg.stage.prior]
     return cfg
 
 

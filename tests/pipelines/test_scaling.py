@@ -171,12 +171,16 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     mine["value"] = -1.0  # the earlier report's copy of a point this sitting measures again: the run must win
     ledger = root / "ledger.json"
     ledger.write_text(json.dumps(earlier))
-    later = run_stage(_config(
-        root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
-        "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40]", "settings.scaling.seeds=[]",
-        "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
-        "trainer.wandb_project=null", f"settings.scaling.prior=[{ledger}]",
-    ))  # fmt: skip
+
+    def later_cfg():
+        return _config(
+            root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+            "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40]", "settings.scaling.seeds=[]",
+            "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
+            "trainer.wandb_project=null", f"settings.scaling.prior=[{ledger}]",
+        )  # fmt: skip
+
+    later = run_stage(later_cfg())
     assert sorted((root / "scaling-tokens" / "distill").iterdir()) == runs  # the 40-token run was reused
     merged = {(p["data_size"], p["seed"]): p for p in later.details["summary"]["acceptance"]}
     assert set(merged) == {(40, 0), (40, 1), (120, 0), (120, 1)}
@@ -187,20 +191,15 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     assert fit is not None and fit["points"] == 4  # both sizes: the earlier sitting's reach the fit
     assert "*prior: ledger.json*" in (Path(later.folder) / "scaling.md").read_text()
     ledger.write_text(json.dumps({**earlier, "acceptance": earlier["acceptance"][:1]}))  # edited: a new report
-    assert not run_stage(later_cfg := _config(
-        root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
-        "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40]", "settings.scaling.seeds=[]",
-        "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
-        "trainer.wandb_project=null", f"settings.scaling.prior=[{ledger}]",
-    )).cached  # fmt: skip
+    assert not run_stage(later_cfg()).cached
     for text, match in (("{", "is not readable JSON"), (json.dumps({**earlier, "metric": "decoder_streak"}),
                         "holds 'decoder_streak' points and this study fits stage.metric=sim_streak")):  # fmt: skip
         ledger.write_text(text)
         with pytest.raises(ConfigError, match=match):
-            load_stage("scaling").check(later_cfg)
+            load_stage("scaling").check(later_cfg())
     ledger.unlink()
     with pytest.raises(ConfigError, match="ledger.json does not exist"):
-        load_stage("scaling").check(later_cfg)
+        load_stage("scaling").check(later_cfg())
 
 
 def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):

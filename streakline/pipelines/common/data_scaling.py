@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,10 +167,10 @@ def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
     s, out = cfg.stage, []
     if s.prior and not s.token_sizes:
         raise ConfigError("stage.prior adds earlier points to a data-scaling study, and stage.token_sizes is empty")
-    for name in s.prior:
-        path = os.path.abspath(os.path.expanduser(name))
+    for name in s.prior:  # absolute already (config.validate.resolve_paths), as the command line meant them
+        path = Path(name)
         try:
-            summary = json.loads(Path(path).read_text(encoding="utf-8"))
+            summary = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(
                 f"stage.prior: {path} does not exist; give the scaling.json of an earlier study"
@@ -198,7 +197,7 @@ def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
             out.append({
                 "loss": p.get("loss", p["method"]), "step": p.get("step"), "label_tokens": p.get("label_tokens", size),
                 "folder": p.get("folder"), **p, "data_size": size, "seed": int(p["seed"]),
-                "prior": p.get("prior") or Path(path).name,
+                "prior": p.get("prior") or path.name,
             })  # fmt: skip
     return out
 
