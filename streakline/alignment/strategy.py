@@ -60,10 +60,12 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
 
 def skip_shm_all_reduce() -> None:
     """Tell DeepSpeed not to build its CPU shared-memory all-reduce in this process. Its comm backend compiles that
-    C++ op when the first engine starts (about 30 s on 2 cores, and again for every new virtual environment, since
-    the build is keyed by the venv's paths), and a group of one reduces nothing. DeepSpeed keeps its compatible-ops
-    table as one module dict so that edits to it hold; the op is then None and gloo's path is taken. Multi-rank CPU
-    runs keep it: there it is what makes the all-reduce fast."""
+    C++ op when the process group starts (about 30 s on 2 cores, again for every new virtual environment, since the
+    build is keyed by the venv's paths, and only where a C++ compiler and ninja are installed). The op serves only
+    ``inference_all_reduce``, the collective of DeepSpeed's tensor-parallel inference layers; a training engine's
+    collectives (ZeRO's all-reduce, reduce-scatter, all-gather) go to torch.distributed, gloo on CPU, on one rank
+    or many. DeepSpeed keeps its compatible-ops table as one module dict so that edits to it hold; the op is then
+    None and nothing else changes."""
     import deepspeed.ops
 
     table = deepspeed.ops.__compatible_ops__
@@ -81,6 +83,8 @@ class DeepSpeedStrategy:
         self.cfg = trainer_cfg
         self.cuda = torch.cuda.is_available()
         backend = "nccl" if self.cuda else "gloo"
+        if not self.cuda:
+            skip_shm_all_reduce()  # before the first process group: DeepSpeed's comm backend builds it there
         if not dist.is_initialized():
             if "WORLD_SIZE" not in os.environ:
                 # a plain `python launch.py ...`: a group of one on a free port. Not through os.environ, which child
@@ -136,8 +140,6 @@ class DeepSpeedStrategy:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(self.cfg.warmup_steps, self.cfg.max_steps, self.cfg.min_lr_ratio)
         )
-        if not self.cuda and self.world_size == 1:
-            skip_shm_all_reduce()
         engine, _, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, lr_scheduler=scheduler, config=self.ds_config(), dist_init_required=False
         )
