@@ -198,6 +198,10 @@ class ScalingStage(StageConfig):
     # read into this report's table, fits and figures where this study has no run of the same line, size and seed;
     # a study spanning machines whose run folders did not travel keeps its curve (docs/scaling.md)
     prior: list[str] = field(default_factory=list)
+    # token_sizes: a JSON file of prior's shape that gathers the study: read first like a prior file (a missing one is
+    # started), then given this study's measured points, each replacing the file's point of the same line, size and
+    # seed; commit it and every sitting on any machine adds to one curve (docs/scaling.md)
+    ledger: str | None = None
 
 
 # The settings dataclass of each stage that has settings (the others' ``cfg.stage`` is a plain StageConfig).

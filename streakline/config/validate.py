@@ -76,7 +76,7 @@ def validate(cfg: DictConfig) -> None:
 
 def resolve_paths(cfg: DictConfig) -> DictConfig:
     """Make ``run_root``, every role's ``path`` / ``tokenizer``, ``trainer.resume_from`` and stage=scaling's
-    ``stage.prior`` files absolute, in place; returns ``cfg``.
+    ``stage.prior`` and ``stage.ledger`` files absolute, in place; returns ``cfg``.
 
     Relative paths are taken against the current directory, which Hydra leaves alone
     (``hydra.job.chdir=false``), so they mean what they meant on the command line. Workers receive the
@@ -92,6 +92,8 @@ def resolve_paths(cfg: DictConfig) -> DictConfig:
         cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
     if cfg.get("stage") is not None and cfg.stage.get("prior"):  # earlier sittings' reports (stage=scaling)
         cfg.stage.prior = [_absolute(p) for p in cfg.stage.prior]
+    if cfg.get("stage") is not None and cfg.stage.get("ledger"):  # the file stage=scaling reads and writes back
+        cfg.stage.ledger = _absolute(cfg.stage.ledger)
     return cfg
 
 

@@ -121,8 +121,10 @@ class Scaling(Stage):
         plain["trainer"].pop("wandb_project", None)  # where the runs log, not what they measure
         plain["trainer"].pop("autocast", None)  # the setting; what it resolves to here is "autocast" (absent: fp32)
         settings = stage_settings(cfg)
-        if settings.pop("prior", None):  # what the files say, not where they lie; none: earlier reports keep folders
-            settings["prior"] = config_hash(data_scaling.read_prior(cfg))
+        files = [settings.pop("prior", None), settings.pop("ledger", None)]
+        points = data_scaling.read_prior(cfg) if any(files) else []
+        if points:  # what the files say, not where they lie; none: earlier reports keep their folders
+            settings["prior"] = config_hash(points)
         return {"scaling": settings, **plain, **autocast_part(cfg), "seed": cfg.seed, "recipe": RECIPE}
 
     def run(self, cfg: DictConfig, stage_run: StageRun) -> StageResult:
@@ -182,6 +184,7 @@ class Scaling(Stage):
             f.write(json.dumps(summary, indent=2) + "\n")
         for name in ("scaling.md", "scaling.json", *(Path(p).name for p in figures.values())):
             stage_run.add_output(name)
+        data_scaling.write_ledger(cfg, summary["acceptance"])
         metrics = _headline(summary)
         stage_run.metrics.update(metrics)
         _log_wandb(cfg, stage_run, summary, metrics, figures)
@@ -189,6 +192,7 @@ class Scaling(Stage):
 
     def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
         summary = json.loads((folder / "scaling.json").read_text(encoding="utf-8"))
+        data_scaling.write_ledger(cfg, summary["acceptance"])  # a ledger made or moved since: it gets the points too
         return _result(folder, summary, _headline(summary))
 
     def report(self, result: StageResult) -> None:

@@ -202,6 +202,56 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
         load_stage("scaling").check(later_cfg())
 
 
+def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_world, tmp_path):
+    """stage.ledger: a file the study reads like a prior and writes its measured points back to. A missing one is
+    started; a point of the same line, size and seed is replaced by the run, the file's others are kept and join
+    the report; the same points write the same file, so the report after it is reused."""
+    root = Path(micro_world[0])
+    ledger = tmp_path / "study" / "ledger.json"  # its folder does not exist yet either
+
+    def cfg(*extra):
+        return _config(
+            root, "experiment.name=scaling-tokens", "data.max_prompts=12", "settings.scaling.world_sizes=[]",
+            "settings.scaling.methods=[ce_streak]", "settings.scaling.token_sizes=[40]", "settings.scaling.seeds=[]",
+            "settings.scaling.metric=sim_streak", "trainer.patience=1", "trainer.eval_every=1", "trainer.max_steps=6",
+            "trainer.wandb_project=null", f"settings.scaling.ledger={ledger}", *extra,
+        )  # fmt: skip
+
+    first = run_stage(cfg())
+    (measured,) = first.details["summary"]["acceptance"]
+    written = json.loads(ledger.read_text())
+    assert written["metric"] == "sim_streak" and written["setup"] == {"experiment": "scaling-tokens", "model": "micro"}
+    (point,) = written["acceptance"]
+    assert {k: point[k] for k in ("method", "data_size", "seed", "value")} == {
+        k: measured[k] for k in ("method", "data_size", "seed", "value")}  # fmt: skip
+    run = read_manifest(measured["folder"])
+    assert Path(point["folder"]).name == Path(measured["folder"]).name and point["finished"] == run.finished_at
+    assert point["set"] == Path(run.config["trajectories"]).parent.name
+    records = [json.loads(x) for x in (Path(measured["folder"]) / "metrics.jsonl").read_text().splitlines()]
+    at_best = next(r for r in records if r["step"] == run.metrics["best_step"] and "eval/tiny-math/sim_streak" in r)
+    assert point["benchmarks"] == {k.split("/")[1]: v for k, v in at_best.items() if k.endswith("/sim_streak")}
+    assert sum(point["benchmarks"].values()) / len(point["benchmarks"]) == pytest.approx(point["value"])
+
+    # another sitting's point (another size) and a stale copy of the measured one: the run replaces the copy
+    other = {**point, "data_size": 999, "value": 0.5, "folder": "runs/gone", "machine": "another one"}
+    ledger.write_text(json.dumps({**written, "acceptance": [{**point, "value": -1.0}, other]}))
+    second = run_stage(cfg())
+    assert not second.cached  # the file's contents are part of the report's key
+    got = {p["data_size"]: p for p in second.details["summary"]["acceptance"]}
+    assert got[40]["value"] == measured["value"] and "prior" not in got[40] and got[999]["prior"] == "ledger.json"
+    kept = json.loads(ledger.read_text())["acceptance"]
+    assert [p["data_size"] for p in kept] == [40, 999] and kept[0] == point and kept[1] == other
+    before = ledger.read_bytes()
+    third = run_stage(cfg())  # the file changed (the stale copy replaced): one more report, and the same file
+    assert ledger.read_bytes() == before
+    assert run_stage(cfg()).cached and third.folder != second.folder and ledger.read_bytes() == before
+    ledger.write_text(json.dumps({**written, "metric": "decoder_streak"}))
+    with pytest.raises(ConfigError, match="stage.ledger: .* holds 'decoder_streak' points .* or another file"):
+        load_stage("scaling").check(cfg())
+    with pytest.raises(ConfigError, match="stage.ledger records a data-scaling study, and stage.token_sizes is empty"):
+        load_stage("scaling").check(cfg("settings.scaling.token_sizes=[]"))
+
+
 def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):
     """stage.arms: two recipes in one report (lines <arm>:<loss>, an arm's every-other size and overrides);
     stage.evaluate: each seed-0 drafter decodes held-out prompts beside vanilla and ngram, every row lossless, in

@@ -5,7 +5,8 @@ arithmetic and figures are ``evaluation/scaling.py``'s.
     runs = token_runs(cfg)                   # [Run(label, method, size, seed, overrides), ...]
     points = token_points(cfg, run_stage)    # {label: [{"data_size", "seed", "value", "folder", ...}, ...]}
     rows = wall_clock(cfg, points, run_stage)   # stage.evaluate: speedup per point, beside vanilla and ngram
-    points = with_prior(cfg, points)         # stage.prior: earlier sittings' points where this study has none
+    points = with_prior(cfg, points)         # stage.ledger, stage.prior: earlier sittings' points where this has none
+    write_ledger(cfg, summary["acceptance"])  # stage.ledger: this study's measured points added to the file
 
 A run is one loss of one recipe (an arm: ``stage.arms``, or the stage's own methods and run_overrides) at one
 token size and seed; every run is an ordinary distill run, cached by its key, so a cut-off study resumes. Where the
@@ -24,7 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from streakline.artifacts import read_manifest
+from streakline.artifacts import read_manifest, write_text_atomic
 from streakline.config import ConfigError, compose_config
 from streakline.evaluation import scaling as scaling_report
 from streakline.evaluation.scaling import point_name
@@ -160,39 +161,39 @@ def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_sta
 PRIOR_KEYS = ("method", "data_size", "seed", "value")  # what a prior point must give (label, size, seed, the value)
 
 
+def _prior_files(cfg: DictConfig) -> list[tuple[str, Path]]:
+    """``(setting, path)`` of every file whose points join the report: the ledger first (the study's own record),
+    then ``stage.prior``'s, in their order. Absolute already (config.validate.resolve_paths)."""
+    s = cfg.stage
+    return ([("stage.ledger", Path(s.ledger))] if s.ledger else []) + [("stage.prior", Path(n)) for n in s.prior]
+
+
 def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The points of ``stage.prior``'s files (each a ``scaling.json`` of an earlier study, or a file of its shape),
-    each marked ``prior: <file name>``, checked against this study: the same metric and model, every point whole.
-    Refuses (naming the file and the fix) a file that is missing, is not JSON or does not match."""
+    """The points of ``stage.ledger``'s file and ``stage.prior``'s files (each a ``scaling.json`` of an earlier study,
+    or a file of its shape), each marked ``prior: <file name>``, checked against this study: the same metric and
+    model, every point whole. Refuses (naming the file and the fix) a file that is not JSON or does not match, and a
+    prior file that is missing; a missing ledger is one this study starts."""
     s, out = cfg.stage, []
-    if s.prior and not s.token_sizes:
-        raise ConfigError("stage.prior adds earlier points to a data-scaling study, and stage.token_sizes is empty")
-    for name in s.prior:  # absolute already (config.validate.resolve_paths), as the command line meant them
-        path = Path(name)
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(
-                f"stage.prior: {path} does not exist; give the scaling.json of an earlier study"
-            ) from None
-        except (OSError, ValueError) as e:
-            raise ConfigError(
-                f"stage.prior: {path} is not readable JSON ({e}); give an earlier study's scaling.json"
-            ) from e
-        if not isinstance(summary, dict) or not isinstance(summary.get("acceptance"), list):
-            raise ConfigError(f"stage.prior: {path} has no 'acceptance' list of points: is it a scaling.json?")
+    if (s.prior or s.ledger) and not s.token_sizes:
+        setting = "stage.prior adds earlier points to" if s.prior else "stage.ledger records"
+        raise ConfigError(f"{setting} a data-scaling study, and stage.token_sizes is empty")
+    for setting, path in _prior_files(cfg):
+        if setting == "stage.ledger" and not path.exists():
+            continue
+        summary = _read_points_file(setting, path)
         if summary.get("metric") != s.metric:
+            other = "another file" if setting == "stage.ledger" else "leave it out"
             raise ConfigError(
-                f"stage.prior: {path} holds {summary.get('metric')!r} points and this study fits stage.metric="
-                f"{s.metric}: give the same metric, or leave the file out"
+                f"{setting}: {path} holds {summary.get('metric')!r} points and this study fits stage.metric="
+                f"{s.metric}: give the same metric, or {other}"
             )
         model = (summary.get("setup") or {}).get("model")
         if model is not None and model != cfg.model.name:
-            raise ConfigError(f"stage.prior: {path} measured model={model}, this study model={cfg.model.name}")
+            raise ConfigError(f"{setting}: {path} measured model={model}, this study model={cfg.model.name}")
         for i, p in enumerate(summary["acceptance"]):
             bad = [k for k in PRIOR_KEYS if not isinstance(p, dict) or p.get(k) is None]
             if bad:
-                raise ConfigError(f"stage.prior: {path}: point {i} lacks {bad} (each needs {list(PRIOR_KEYS)})")
+                raise ConfigError(f"{setting}: {path}: point {i} lacks {bad} (each needs {list(PRIOR_KEYS)})")
             size = int(p["data_size"])
             out.append({
                 "loss": p.get("loss", p["method"]), "step": p.get("step"), "label_tokens": p.get("label_tokens", size),
@@ -200,6 +201,18 @@ def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
                 "prior": p.get("prior") or path.name,
             })  # fmt: skip
     return out
+
+
+def _read_points_file(setting: str, path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{setting}: {path} does not exist; give the scaling.json of an earlier study") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{setting}: {path} is not readable JSON ({e}); give an earlier study's scaling.json") from e
+    if not isinstance(summary, dict) or not isinstance(summary.get("acceptance"), list):
+        raise ConfigError(f"{setting}: {path} has no 'acceptance' list of points: is it a scaling.json?")
+    return summary
 
 
 def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
@@ -215,4 +228,60 @@ def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict
             grown.add(p["method"])
     for label in grown:  # a line's points by size, as a study that ran them all would list them
         out[label].sort(key=lambda p: (p["data_size"], p["seed"]))
+    return out
+
+
+def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | None:
+    """``stage.ledger``: add the measured points among ``acceptance`` (a report's, prior points left out) to the
+    ledger file, each replacing the file's point of the same line, size and seed, with what the run's folder says
+    of it (:func:`ledger_point`); the file's other points and fields stay as they are. Written atomically, so a
+    killed writer leaves the old file; the same points give the same file, so rewriting it changes nothing.
+    Returns the path, or None without a ledger."""
+    s = cfg.stage
+    if not s.ledger:
+        return None
+    path = Path(s.ledger)
+    if path.exists():
+        ledger = _read_points_file("stage.ledger", path)
+    else:
+        ledger = {
+            "about": f"The points of experiment={cfg.experiment.name}, each the best held-out {s.metric} of one "
+            "distill run, gathered by stage=scaling (stage.ledger) sitting by sitting; read back by the next.",
+            "setup": {"experiment": cfg.experiment.name, "model": cfg.model.name},
+            "metric": s.metric,
+            "acceptance": [],
+        }
+    new = [ledger_point(p, s.metric) for p in acceptance if not p.get("prior")]
+    measured = {(p["method"], p["data_size"], p["seed"]) for p in new}
+    kept = [p for p in ledger["acceptance"] if (p["method"], int(p["data_size"]), int(p["seed"])) not in measured]
+    ledger["acceptance"] = sorted(kept + new, key=lambda p: (p["method"], int(p["data_size"]), int(p["seed"])))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(ledger, indent=2) + "\n")
+    return path
+
+
+def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
+    """A measured point as the ledger keeps it: the report's fields, its folder relative to the current directory
+    where it lies under it (a repository's runs/), and from the run's folder: the value on each held-out benchmark
+    at the best check (``benchmarks``), the trajectory set it read (``set``: the set's folder name), and the host,
+    finish time and code version of the run. All of it is the run's, so a rerun writes the same point."""
+    keep = ("method", "loss", "data_size", "seed", "step", "label_tokens", "value")
+    out = {k: point.get(k) for k in keep}
+    folder = Path(point["folder"])
+    here = Path.cwd()
+    out["folder"] = str(folder.relative_to(here)) if folder.is_relative_to(here) else str(folder)
+    if not (folder / "manifest.json").is_file():  # a folder gone since the report: the report's fields only
+        return out
+    manifest = read_manifest(folder)
+    best = manifest.metrics.get("best_step", point.get("step"))
+    records = scaling_report.read_metrics(folder / "metrics.jsonl") if (folder / "metrics.jsonl").is_file() else []
+    at_best = next((r for r in records if r.get("step") == best and any(k.startswith("eval/") for k in r)), {})
+    suffix = f"/{metric}"
+    out["benchmarks"] = {
+        k[len("eval/") : -len(suffix)]: v for k, v in at_best.items() if k.startswith("eval/") and k.endswith(suffix)
+    }
+    trajectories = manifest.config.get("trajectories")
+    if trajectories:
+        out["set"] = Path(trajectories).parent.name  # .../trajectories/<key>/shards: the set's key
+    out.update(host=manifest.host, finished=manifest.finished_at, git_sha=manifest.git_sha)
     return out
