@@ -234,13 +234,13 @@ def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_wo
 
     # another sitting's point (another size) and a stale copy of the measured one: the run replaces the copy
     other = {**point, "data_size": 999, "value": 0.5, "folder": "runs/gone", "machine": "another one"}
-    ledger.write_text(json.dumps({**written, "acceptance": [{**point, "value": -1.0}, other]}))
+    ledger.write_text(json.dumps({**written, "acceptance": [{**point, "value": -1.0, "note": "by hand"}, other]}))
     second = run_stage(cfg())
     assert not second.cached  # the file's contents are part of the report's key
     got = {p["data_size"]: p for p in second.details["summary"]["acceptance"]}
     assert got[40]["value"] == measured["value"] and "prior" not in got[40] and got[999]["prior"] == "ledger.json"
     kept = json.loads(ledger.read_text())["acceptance"]
-    assert [p["data_size"] for p in kept] == [40, 999] and kept[0] == point and kept[1] == other
+    assert [p["data_size"] for p in kept] == [40, 999] and kept[0] == {**point, "note": "by hand"} and kept[1] == other
     before = ledger.read_bytes()
     third = run_stage(cfg())  # the file changed (the stale copy replaced): one more report, and the same file
     assert ledger.read_bytes() == before

@@ -233,10 +233,10 @@ def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict
 
 def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | None:
     """``stage.ledger``: add the measured points among ``acceptance`` (a report's, prior points left out) to the
-    ledger file, each replacing the file's point of the same line, size and seed, with what the run's folder says
-    of it (:func:`ledger_point`); the file's other points and fields stay as they are. Written atomically, so a
-    killed writer leaves the old file; the same points give the same file, so rewriting it changes nothing.
-    Returns the path, or None without a ledger."""
+    ledger file, each replacing the fields of the file's point of the same line, size and seed with what the run's
+    folder says of it (:func:`ledger_point`); the file's other points, and fields the run does not give, stay.
+    Written atomically, so a killed writer leaves the old file; the same points give the same file, so rewriting it
+    changes nothing. Returns the path, or None without a ledger."""
     s = cfg.stage
     if not s.ledger:
         return None
@@ -251,10 +251,16 @@ def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | No
             "metric": s.metric,
             "acceptance": [],
         }
-    new = [ledger_point(p, s.metric) for p in acceptance if not p.get("prior")]
-    measured = {(p["method"], p["data_size"], p["seed"]) for p in new}
-    kept = [p for p in ledger["acceptance"] if (p["method"], int(p["data_size"]), int(p["seed"])) not in measured]
-    ledger["acceptance"] = sorted(kept + new, key=lambda p: (p["method"], int(p["data_size"]), int(p["seed"])))
+
+    def at(p: dict[str, Any]) -> tuple[str, int, int]:
+        return p["method"], int(p["data_size"]), int(p["seed"])
+
+    old = {at(p): p for p in ledger["acceptance"]}
+    # a field the file has and the run does not give (a note in words: the machine, the sitting) stays
+    new = [{**old.get(at(p), {}), **ledger_point(p, s.metric)} for p in acceptance if not p.get("prior")]
+    measured = {at(p) for p in new}
+    kept = [p for p in ledger["acceptance"] if at(p) not in measured]
+    ledger["acceptance"] = sorted(kept + new, key=at)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(ledger, indent=2) + "\n")
     return path
