@@ -340,8 +340,9 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
                   f"{_run(p)} |" for p in summary["acceptance"]]  # fmt: skip
         prior = sorted({p["prior"] for p in summary["acceptance"] if p.get("prior")})
         if prior:
-            lines += ["", "Points marked *prior* were measured by an earlier sitting (`stage.prior`: "
-                      f"{', '.join(prior)}), where this study has no run of the same line, size and seed."]  # fmt: skip
+            lines += ["", "Points marked *prior* were measured by an earlier sitting (the files of `stage.ledger` and "
+                      f"`stage.prior`: {', '.join(prior)}), where this study has no run of the same line, size and "
+                      "seed."]  # fmt: skip
         return lines
     lines += ["", "| loss | prompts | step | label tokens | " + metric + " |", "|---|---|---|---|---|"]
     for p in summary["acceptance"]:

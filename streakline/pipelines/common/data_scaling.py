@@ -216,8 +216,9 @@ def _read_points_file(setting: str, path: Path) -> dict[str, Any]:
 
 
 def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    """``points`` and every ``stage.prior`` point of a (line, size, seed) this study did not measure: what runs now
-    wins, and the first file that gives a point wins over the later ones."""
+    """``points`` and every point of ``stage.ledger``'s and ``stage.prior``'s files (:func:`read_prior`) of a (line,
+    size, seed) this study did not measure: what runs now wins, and the first file that gives a point wins over the
+    later ones (the ledger first)."""
     have = {(p["method"], p["data_size"], p["seed"]) for pts in points.values() for p in pts}
     out, grown = {label: list(pts) for label, pts in points.items()}, set()
     for p in read_prior(cfg):
