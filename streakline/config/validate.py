@@ -90,10 +90,11 @@ def resolve_paths(cfg: DictConfig) -> DictConfig:
                 node[key] = _absolute(node[key])
     if cfg.trainer.resume_from:  # the run to extend, as the command line meant it (Slurm jobs start elsewhere)
         cfg.trainer.resume_from = _absolute(cfg.trainer.resume_from)
-    if cfg.get("stage") is not None and cfg.stage.get("prior"):  # earlier sittings' reports (stage=scaling)
-        cfg.stage.prior = [_absolute(p) for p in cfg.stage.prior]
-    if cfg.get("stage") is not None and cfg.stage.get("ledger"):  # the file stage=scaling reads and writes back
-        cfg.stage.ledger = _absolute(cfg.stage.ledger)
+    stage = cfg.get("stage")
+    if stage is not None and stage.get("prior"):  # earlier sittings' reports (stage=scaling)
+        stage.prior = [_absolute(p) for p in stage.prior]
+    if stage is not None and stage.get("ledger"):  # the file stage=scaling reads and writes back
+        stage.ledger = _absolute(stage.ledger)
     return cfg
 
 

@@ -121,9 +121,10 @@ class Scaling(Stage):
         plain["trainer"].pop("wandb_project", None)  # where the runs log, not what they measure
         plain["trainer"].pop("autocast", None)  # the setting; what it resolves to here is "autocast" (absent: fp32)
         settings = stage_settings(cfg)
-        files = [settings.pop("prior", None), settings.pop("ledger", None)]
-        points = data_scaling.read_prior(cfg) if any(files) else []
-        if points:  # what the files say, not where they lie; none: earlier reports keep their folders
+        settings.pop("prior", None)  # what the files say (below), not where they lie
+        settings.pop("ledger", None)
+        points = data_scaling.read_prior(cfg)  # [] without files: earlier reports keep their folders
+        if points:
             settings["prior"] = config_hash(points)
         return {"scaling": settings, **plain, **autocast_part(cfg), "seed": cfg.seed, "recipe": RECIPE}
 

@@ -282,10 +282,10 @@ def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
     manifest = read_manifest(folder)
     best = manifest.metrics.get("best_step", point.get("step"))
     records = scaling_report.read_metrics(folder / "metrics.jsonl") if (folder / "metrics.jsonl").is_file() else []
-    at_best = next((r for r in records if r.get("step") == best and any(k.startswith("eval/") for k in r)), {})
-    suffix = f"/{metric}"
+    prefix, suffix = scaling_report.EVAL_PREFIX, f"/{metric}"
+    at_best = next((r for r in records if r.get("step") == best and any(k.startswith(prefix) for k in r)), {})
     out["benchmarks"] = {
-        k[len("eval/") : -len(suffix)]: v for k, v in at_best.items() if k.startswith("eval/") and k.endswith(suffix)
+        k[len(prefix) : -len(suffix)]: v for k, v in at_best.items() if k.startswith(prefix) and k.endswith(suffix)
     }
     trajectories = manifest.config.get("trajectories")
     if trajectories:
