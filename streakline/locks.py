@@ -11,6 +11,8 @@ their job instead of taking it themselves::
         ...                               # write into folder
     wait_for_job_lock(folder)             # ranks other than 0: until the lock names this job (nothing outside one)
     lock_holder(folder)                   # {"host": ..., "pid": ..., "started_at": ..., "job": ...} or {}
+    with update_lock(path):               # waits its turn: one read-modify-write of a shared file at a time
+        ...                               # read path, change it, write it back (atomically)
 
 This module sits below ``artifacts.py``: it imports only ``streakline.errors`` and the standard library, and never
 torch. Tests: ``python -m pytest tests/test_artifacts.py`` (its "one writer per run folder" section: two processes,
@@ -28,7 +30,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -221,3 +223,39 @@ def wait_for_job_lock(folder: str | os.PathLike, timeout: float = 600.0, poll: f
                 holder,
             )
         time.sleep(poll)
+
+
+@contextlib.contextmanager
+def update_lock(path: str | os.PathLike, timeout: float = 600.0, poll: float = 0.1) -> Iterator[None]:
+    """Hold, for a read-modify-write of the shared file ``path`` (a study's ledger, which two reports of a Slurm
+    multirun may update at once), an exclusive ``fcntl.flock`` on ``.<name>.lock`` beside it; a second writer waits
+    its turn instead of being refused, so it reads the first one's result and neither update is lost. The lock file
+    stays (deleting it would let a waiter and a newcomer lock two files); its dot-name keeps it out of listings.
+    ArtifactError after ``timeout`` seconds of waiting, naming the holder, or where the filesystem cannot lock."""
+    path = Path(path)
+    lock = path.parent / f".{path.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise ArtifactError(
+                        f"cannot lock {lock} to update {path} ({exc.strerror}): its filesystem does not support file "
+                        "locks; keep the file on a local or lock-capable filesystem"
+                    ) from exc
+                if time.monotonic() > deadline:
+                    raise ArtifactError(
+                        f"another process ({_holder_text(_read_holder(fd))}) has held {lock} for over {timeout:.0f} s "
+                        f"while it updates {path}; wait for it to finish or stop it, then rerun"
+                    ) from None
+                time.sleep(poll)
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": _utc_now()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
+        yield
+    finally:
+        os.close(fd)  # drops the flock

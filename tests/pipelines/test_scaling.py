@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,59 @@ def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_wo
         load_stage("scaling").check(cfg())
     with pytest.raises(ConfigError, match="stage.ledger records a data-scaling study, and stage.token_sizes is empty"):
         load_stage("scaling").check(cfg("settings.scaling.token_sizes=[]"))
+
+
+# A second report writing the ledger: composes the study's settings (argv[1]), says "ready", writes its point (argv[2])
+LEDGER_WRITER = """
+import json, sys
+from streakline.config import compose_config
+from streakline.pipelines.common.data_scaling import write_ledger
+cfg = compose_config(json.loads(sys.argv[1]))
+print("ready", flush=True)
+write_ledger(cfg, [json.loads(sys.argv[2])])
+"""
+
+
+def test_two_reports_writing_one_ledger_at_once_both_land(tmp_path):
+    """stage.ledger under a Slurm multirun: a report that finds the ledger being updated waits for the update and
+    reads its result, so neither report's points are lost (locks.update_lock); a holder that never lets go is named
+    after the timeout."""
+    import subprocess
+    import sys
+
+    from streakline.errors import ArtifactError
+    from streakline.locks import update_lock
+    from streakline.pipelines.common import data_scaling
+
+    ledger = tmp_path / "ledger.json"
+    overrides = ["stage=scaling", "experiment=scaling", "model=micro", "settings.scaling.token_sizes=[40]",
+                 f"settings.scaling.ledger={ledger}"]  # fmt: skip
+    cfg = compose_config(overrides)
+
+    def point(size):
+        return {"method": "ce_streak", "loss": "ce_streak", "data_size": size, "seed": 0, "step": 4,
+                "label_tokens": size, "value": size / 100, "folder": str(tmp_path / f"gone{size}")}  # fmt: skip
+
+    with update_lock(ledger):  # this process is a report in the middle of its update
+        child = subprocess.Popen(
+            [sys.executable, "-c", LEDGER_WRITER, json.dumps(overrides), json.dumps(point(40))],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert child.stdout.readline().strip() == "ready", f"the writer exited early with {child.poll()}"
+            with pytest.raises(subprocess.TimeoutExpired):
+                child.wait(timeout=1.5)  # it waits for the lock instead of writing over this update
+            assert not ledger.exists()
+            data_scaling._update_ledger(cfg, ledger, [point(120)])
+            with pytest.raises(ArtifactError, match=rf"another process \(PID {os.getpid()} on host .*\) has held "):
+                with update_lock(ledger, timeout=0.3):
+                    pytest.fail("a second update got in")
+        except BaseException:
+            child.kill()
+            raise
+    assert child.wait(timeout=60) == 0
+    written = json.loads(ledger.read_text())["acceptance"]
+    assert [(p["data_size"], p["value"]) for p in written] == [(40, 0.4), (120, 1.2)]
 
 
 def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):

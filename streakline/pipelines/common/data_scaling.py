@@ -29,6 +29,7 @@ from streakline.artifacts import read_manifest, write_text_atomic
 from streakline.config import ConfigError, compose_config
 from streakline.evaluation import scaling as scaling_report
 from streakline.evaluation.scaling import point_name
+from streakline.locks import update_lock
 
 from .lookup import stage_overrides
 
@@ -236,12 +237,21 @@ def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | No
     """``stage.ledger``: add the measured points among ``acceptance`` (a report's, prior points left out) to the
     ledger file, each replacing the fields of the file's point of the same line, size and seed with what the run's
     folder says of it (:func:`ledger_point`); the file's other points, and fields the run does not give, stay.
-    Written atomically, so a killed writer leaves the old file; the same points give the same file, so rewriting it
-    changes nothing. Returns the path, or None without a ledger."""
+    Written atomically, so a killed writer leaves the old file, and under ``locks.update_lock``, so two reports
+    writing one ledger at once both land; the same points give the same file, so rewriting it changes nothing.
+    Returns the path, or None without a ledger."""
     s = cfg.stage
     if not s.ledger:
         return None
     path = Path(s.ledger)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with update_lock(path):  # two reports at once (a Slurm multirun): the second reads the first's points
+        _update_ledger(cfg, path, acceptance)
+    return path
+
+
+def _update_ledger(cfg: DictConfig, path: Path, acceptance: list[dict[str, Any]]) -> None:
+    s = cfg.stage
     if path.exists():
         ledger = _read_points_file("stage.ledger", path)
     else:
@@ -262,9 +272,7 @@ def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | No
     measured = {at(p) for p in new}
     kept = [p for p in ledger["acceptance"] if at(p) not in measured]
     ledger["acceptance"] = sorted(kept + new, key=at)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(ledger, indent=2) + "\n")
-    return path
 
 
 def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
