@@ -99,6 +99,18 @@ def acceptance_points(records: Sequence[dict[str, Any]], metric: str) -> list[di
     return points
 
 
+def check_at(records: Sequence[dict[str, Any]], step: int | None) -> dict[str, Any]:
+    """The record of the held-out check a run logged at ``step`` (one with ``eval/`` keys), or {} where none."""
+    return next((r for r in records if r.get("step") == step and any(k.startswith(EVAL_PREFIX) for k in r)), {})
+
+
+def per_source(check: dict[str, Any], name: str) -> dict[str, Any]:
+    """``{source: value}`` of a check record's ``eval/<source>/<name>`` keys: each held-out benchmark's value."""
+    suffix = f"/{name}"
+    keys = [k for k in check if k.startswith(EVAL_PREFIX) and k.endswith(suffix)]
+    return {k[len(EVAL_PREFIX) : -len(suffix)]: check[k] for k in keys}
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -248,6 +260,7 @@ def write_report(path: str | Path, summary: dict[str, Any]) -> Path:
         lines += _throughput_lines(summary)
     by_tokens = bool(s.get("token_sizes"))
     lines += _acceptance_lines(summary, by_tokens)
+    lines += slot_lines(summary) if by_tokens else []
     lines += wall_clock_lines(summary)
     path = Path(path)
     with atomic_file(path, "w") as f:
@@ -424,6 +437,68 @@ def speedup_figure(wall: dict[str, Any], path: str | Path) -> Path | None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def slot_points(acceptance: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points whose per-slot acceptance the report compares: of the largest training size at which two or more
+    lines have a point with ``slots`` (each line's lowest seed there), else of the largest size with any; [] where
+    no point has them (an earlier sitting's transcribed points, say)."""
+    have = [p for p in acceptance if p.get("slots")]
+    lines_at: dict[int, set[str]] = {}
+    for p in have:
+        lines_at.setdefault(p["data_size"], set()).add(p["method"])
+    if not lines_at:
+        return []
+    shared = [n for n, lines in lines_at.items() if len(lines) > 1]
+    size = max(shared or lines_at)
+    first: dict[str, dict[str, Any]] = {}
+    for p in sorted((p for p in have if p["data_size"] == size), key=lambda p: p["seed"]):
+        first.setdefault(p["method"], p)
+    return list(first.values())
+
+
+def slot_figure(points: Sequence[dict[str, Any]], path: str | Path) -> Path | None:
+    """Per-slot acceptance (``alpha_j``: accepted at slot j over the cycles that reached j) at each point's best
+    held-out check, one panel per benchmark, one line per point (:func:`slot_points`)."""
+    sources = sorted({src for p in points for src in p["slots"]})
+    if not sources:
+        return None
+    fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 4), squeeze=False)
+    for ax, src in zip(axes[0], sources, strict=True):
+        for i, p in enumerate(points):
+            alpha = p["slots"].get(src) or []
+            xs = [j + 1 for j, a in enumerate(alpha) if _number(a)]
+            if xs:
+                ax.plot(xs, [alpha[j - 1] for j in xs], marker="o", color=f"C{i}", label=p["method"])
+        ax.set(xlabel="draft slot j", ylabel="alpha_j (accepted / reached)", ylim=(0, 1.02),
+               title=f"{src}, {points[0]['data_size']:,} training tokens")  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def slot_lines(summary: dict[str, Any]) -> list[str]:
+    """scaling.md's per-slot comparison of the lines at the largest size they share (none without ``slots``)."""
+    points = slot_points(summary["acceptance"])
+    if not points:
+        return []
+    size, width = points[0]["data_size"], max(len(a) for p in points for a in p["slots"].values())
+    lines = ["", f"## Per-slot acceptance at {size:,} training tokens", "",
+             "Where along the block each line's drafter loses the streak: `alpha_j`, the drafts accepted at slot j "
+             "over the cycles that reached it, at each run's best held-out check (its greedy decode of the held-out "
+             "prompts), with the benchmark's simulated streak. A loss that weights the deep slots more shows "
+             "there."]  # fmt: skip
+    for src in sorted({src for p in points for src in p["slots"]}):
+        lines += ["", f"**{src}**", "", "| line | seed | " + " | ".join(f"slot {j + 1}" for j in range(width))
+                  + " | streak |", "|---" * (width + 3) + "|"]  # fmt: skip
+        for p in points:
+            alpha = list(p["slots"].get(src) or [])
+            cells = [_f(a, ".2f") if _number(a) else "-" for a in alpha + [None] * (width - len(alpha))]
+            streak = (p.get("benchmarks") or {}).get(src)
+            lines.append(f"| {p['method']} | {p['seed']} | " + " | ".join(cells) + f" | {_f(streak, '.3f')} |")
+    if "slots" in summary.get("figures", {}):
+        lines += ["", f"![per-slot acceptance]({Path(summary['figures']['slots']).name})"]
+    return lines
 
 
 def wall_clock_lines(summary: dict[str, Any]) -> list[str]:

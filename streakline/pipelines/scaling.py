@@ -168,6 +168,9 @@ class Scaling(Stage):
                 points, fits, out / "acceptance.png", s.metric, by_tokens=by_tokens
             ),
             "speedup": scaling_report.speedup_figure(wall_clock, out / "speedup.png"),
+            "slots": scaling_report.slot_figure(
+                scaling_report.slot_points([p for pts in points.values() for p in pts]), out / "slots.png"
+            ),
         }
         figures = {name: str(path) for name, path in drawn.items() if path is not None}
         summary = {

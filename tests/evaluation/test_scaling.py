@@ -18,6 +18,10 @@ from streakline.evaluation.scaling import (
     add_efficiency,
     efficiency,
     fit_power_law,
+    per_source,
+    slot_figure,
+    slot_lines,
+    slot_points,
     throughput,
     throughput_figure,
     wall_clock_lines,
@@ -131,6 +135,36 @@ def test_the_figures_and_the_report(tmp_path):
     assert "| fkl | 2 | 0.000 | - (every point equal) | 4 | 0 |" in text  # saturated: a flat line, no R^2
     assert "![throughput per rank and scaling efficiency](throughput.png)" in text
     assert "(acceptance.png)" in text
+
+
+def test_per_slot_acceptance_compares_the_lines_at_the_largest_size_they_share(tmp_path):
+    """The per-slot section: the largest size with two lines that have slots (not a larger one with a single line),
+    each line's lowest seed there, a column per slot (short lists padded), and the figure."""
+
+    def point(method, size, seed, alpha, streak=None):
+        return {"method": method, "data_size": size, "seed": seed, "value": 0.5,
+                "benchmarks": {"humaneval": streak}, "slots": {"humaneval": alpha}}  # fmt: skip
+
+    acceptance = [
+        point("ce_streak", 100, 0, [0.5, 0.4], 0.7),
+        point("dpace", 100, 1, [0.9, 0.8, None], 1.5),  # seed 1 before seed 0 in the list
+        point("dpace", 100, 0, [0.6, 0.5, 0.1], 0.8),
+        point("ce_streak", 300, 0, [0.7, 0.6, 0.5], 1.2),  # the largest size, but no other line there
+        {"method": "dflash_ce", "data_size": 100, "seed": 0, "value": 0.4},  # transcribed: no slots
+    ]
+    chosen = slot_points(acceptance)
+    assert [(p["method"], p["seed"]) for p in chosen] == [("ce_streak", 0), ("dpace", 0)]
+    assert [p["method"] for p in slot_points(acceptance[3:])] == ["ce_streak"]  # one line: its largest size
+    assert slot_points(acceptance[4:]) == []
+    text = "\n".join(slot_lines({"acceptance": acceptance, "figures": {"slots": "slots.png"}}))
+    assert "## Per-slot acceptance at 100 training tokens" in text
+    assert "| line | seed | slot 1 | slot 2 | slot 3 | streak |" in text
+    assert "| ce_streak | 0 | 0.50 | 0.40 | - | 0.700 |" in text
+    assert "| dpace | 0 | 0.60 | 0.50 | 0.10 | 0.800 |" in text
+    assert "![per-slot acceptance](slots.png)" in text and slot_lines({"acceptance": acceptance[4:]}) == []
+    assert slot_figure(chosen, tmp_path / "slots.png").read_bytes()[:4] == b"\x89PNG"
+    check = {"step": 6, "eval/humaneval/alpha": [0.5], "eval/tiny-chat/alpha": [0.2], "eval/humaneval/sim_streak": 1}
+    assert per_source(check, "alpha") == {"humaneval": [0.5], "tiny-chat": [0.2]}
 
 
 def test_the_wall_clock_table_has_a_line_per_recipe_and_a_column_per_size():

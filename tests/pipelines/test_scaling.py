@@ -231,6 +231,8 @@ def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_wo
     records = [json.loads(x) for x in (Path(measured["folder"]) / "metrics.jsonl").read_text().splitlines()]
     at_best = next(r for r in records if r["step"] == run.metrics["best_step"] and "eval/tiny-math/sim_streak" in r)
     assert point["benchmarks"] == {k.split("/")[1]: v for k, v in at_best.items() if k.endswith("/sim_streak")}
+    assert point["slots"] == {k.split("/")[1]: v for k, v in at_best.items() if k.endswith("/alpha")} != {}
+    assert measured["slots"] == point["slots"]  # the report's point carries them too (its per-slot section)
     assert sum(point["benchmarks"].values()) / len(point["benchmarks"]) == pytest.approx(point["value"])
 
     # another sitting's point (another size) and a stale copy of the measured one: the run replaces the copy

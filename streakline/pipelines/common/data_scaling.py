@@ -128,9 +128,24 @@ def token_points(cfg: DictConfig, run_stage) -> dict[str, list[dict[str, Any]]]:
         points.setdefault(run.label, []).append({
             "method": run.label, "loss": run.method, "data_size": run.size, "seed": run.seed,
             "step": manifest.metrics.get("steps"), "label_tokens": run.size, "value": value,
-            "folder": str(result.folder),
+            "folder": str(result.folder), **best_check(Path(result.folder), metric),
         })  # fmt: skip
     return points
+
+
+def best_check(folder: Path, metric: str) -> dict[str, Any]:
+    """What a distill run's best held-out check says per benchmark (its last check without ``best_step``):
+    ``benchmarks``, the value of ``metric`` on each, and ``slots``, each one's per-slot acceptance ``alpha``. {}
+    for a folder without a manifest or metrics."""
+    if not (folder / "manifest.json").is_file() or not (folder / "metrics.jsonl").is_file():
+        return {}
+    records = scaling_report.read_metrics(folder / "metrics.jsonl")
+    best = read_manifest(folder).metrics.get("best_step")
+    if best is None:
+        checks = scaling_report.acceptance_points(records, metric)
+        best = checks[-1]["step"] if checks else None
+    check = scaling_report.check_at(records, best)
+    return {"benchmarks": scaling_report.per_source(check, metric), "slots": scaling_report.per_source(check, "alpha")}
 
 
 def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_stage) -> list[dict[str, Any]]:
@@ -277,9 +292,10 @@ def _update_ledger(cfg: DictConfig, path: Path, acceptance: list[dict[str, Any]]
 
 def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
     """A measured point as the ledger keeps it: the report's fields, its folder relative to the current directory
-    where it lies under it (a repository's runs/), and from the run's folder: the value on each held-out benchmark
-    at the best check (``benchmarks``), the trajectory set it read (``set``: the set's folder name), and the host,
-    finish time and code version of the run. All of it is the run's, so a rerun writes the same point."""
+    where it lies under it (a repository's runs/), and from the run's folder (:func:`best_check`): the value on each
+    held-out benchmark at the best check (``benchmarks``) and the per-slot acceptance there (``slots``), the
+    trajectory set it read (``set``: the set's folder name), and the host, finish time and code version of the run.
+    All of it is the run's, so a rerun writes the same point."""
     keep = ("method", "loss", "data_size", "seed", "step", "label_tokens", "value")
     out = {k: point.get(k) for k in keep}
     folder = Path(point["folder"])
@@ -288,13 +304,7 @@ def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
     if not (folder / "manifest.json").is_file():  # a folder gone since the report: the report's fields only
         return out
     manifest = read_manifest(folder)
-    best = manifest.metrics.get("best_step", point.get("step"))
-    records = scaling_report.read_metrics(folder / "metrics.jsonl") if (folder / "metrics.jsonl").is_file() else []
-    prefix, suffix = scaling_report.EVAL_PREFIX, f"/{metric}"
-    at_best = next((r for r in records if r.get("step") == best and any(k.startswith(prefix) for k in r)), {})
-    out["benchmarks"] = {
-        k[len(prefix) : -len(suffix)]: v for k, v in at_best.items() if k.startswith(prefix) and k.endswith(suffix)
-    }
+    out.update(best_check(folder, metric))
     trajectories = manifest.config.get("trajectories")
     if trajectories:
         out["set"] = Path(trajectories).parent.name  # .../trajectories/<key>/shards: the set's key
