@@ -152,6 +152,9 @@ class Scaling(Stage):
                 f"{commands} (bash {commands}), and once they are done rerun this command"
             )
         scaling_report.add_efficiency(rows)
+        if by_tokens:  # the study at a glance before hours of training: what is cached, what will run
+            for line in data_scaling.study_plan(cfg, finished_distill):
+                print(f"scaling: {line}", flush=True)
         points = data_scaling.token_points(cfg, run_stage) if by_tokens else _prompt_points(cfg)
         records = data_scaling.wall_clock(cfg, points, run_stage) if by_tokens and s.evaluate else []
         wall_clock = scaling_report.wall_clock_rows(records, points)

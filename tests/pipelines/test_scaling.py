@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -152,7 +153,9 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     text = (Path(result.folder) / "scaling.md").read_text()
     assert "| loss | training tokens | seed | steps | sim_streak |" in text and "tokens for 2" in text
     assert "## Throughput" not in text
-    assert set(result.details["figures"]) == {"acceptance"}
+    # one line: its per-slot acceptance at its largest size, seed 0 (seed 1 beside it is the spread, not a line)
+    assert set(result.details["figures"]) == {"acceptance", "slots"}
+    assert "## Per-slot acceptance at 120 training tokens" in text and "| ce_streak | 0 | " in text
     with pytest.raises(ConfigError, match="stage.seeds adds seeds at the ends of stage.token_sizes"):
         load_stage("scaling").check(compose_config(["stage=scaling", "experiment=scaling", "stage.seeds=[1]"]))
     # a size past the set is refused once the set exists, before any run trains, naming a set that would hold it
@@ -203,7 +206,7 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
         load_stage("scaling").check(later_cfg())
 
 
-def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_world, tmp_path):
+def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_world, tmp_path, capsys):
     """stage.ledger: a file the study reads like a prior and writes its measured points back to. A missing one is
     started; a point of the same line, size and seed is replaced by the run, the file's others are kept and join
     the report; the same points write the same file, so the report after it is reused."""
@@ -220,6 +223,11 @@ def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_wo
 
     first = run_stage(cfg())
     (measured,) = first.details["summary"]["acceptance"]
+    said = capsys.readouterr().out  # the study's plan, before the run trained
+    found = Path(measured["folder"]).name  # to train here, or found where an earlier test made the same run
+    assert re.search(r"scaling: 1 distill run\(s\): [01] found by their keys, [01] to train\n", said)
+    assert re.search(rf"scaling:   (to train  ce_streak at 40 tokens, seed 0|found     ce_streak at 40 tokens, seed 0: "
+                     rf"{found})\n", said)  # fmt: skip
     written = json.loads(ledger.read_text())
     assert written["metric"] == "sim_streak" and written["setup"] == {"experiment": "scaling-tokens", "model": "micro"}
     (point,) = written["acceptance"]
@@ -238,8 +246,12 @@ def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_wo
     # another sitting's point (another size) and a stale copy of the measured one: the run replaces the copy
     other = {**point, "data_size": 999, "value": 0.5, "folder": "runs/gone", "machine": "another one"}
     ledger.write_text(json.dumps({**written, "acceptance": [{**point, "value": -1.0, "note": "by hand"}, other]}))
+    capsys.readouterr()
     second = run_stage(cfg())
     assert not second.cached  # the file's contents are part of the report's key
+    said = capsys.readouterr().out
+    assert "1 found by their keys, 0 to train; 2 point(s) of earlier sittings from stage.ledger / stage.prior" in said
+    assert f"scaling:   found     ce_streak at 40 tokens, seed 0: {Path(measured['folder']).name}\n" in said
     got = {p["data_size"]: p for p in second.details["summary"]["acceptance"]}
     assert got[40]["value"] == measured["value"] and "prior" not in got[40] and got[999]["prior"] == "ledger.json"
     kept = json.loads(ledger.read_text())["acceptance"]
@@ -308,7 +320,7 @@ def test_two_reports_writing_one_ledger_at_once_both_land(tmp_path):
     assert [(p["data_size"], p["value"]) for p in written] == [(40, 0.4), (120, 1.2)]
 
 
-def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world):
+def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world, capsys):
     """stage.arms: two recipes in one report (lines <arm>:<loss>, an arm's every-other size and overrides);
     stage.evaluate: each seed-0 drafter decodes held-out prompts beside vanilla and ngram, every row lossless, in
     speedup.png."""
@@ -328,6 +340,10 @@ def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(m
         ScalingArm(name="b", methods=["streak"], every=2, adapt="mdm", run_overrides=["trainer.lr=1e-3"]),
     ]
     result = run_stage(cfg)
+    said = capsys.readouterr().out  # the plan: five runs, arm b's each after its adaptation
+    assert re.search(r"scaling: 5 distill run\(s\): \d found by their keys, \d to train", said)
+    assert len(re.findall(r"scaling:   (to train|found   ) {2}b:streak at (40|120) tokens, seed 0.* \(from its mdm "
+                          r"adaptation, (found|to train)\)\n", said)) == 2  # fmt: skip
     summary = result.details["summary"]
     got = sorted((p["method"], p["data_size"]) for p in summary["acceptance"])
     assert got == [("a:ce_streak", 40), ("a:ce_streak", 80), ("a:ce_streak", 120), ("b:streak", 40), ("b:streak", 120)]
@@ -348,7 +364,8 @@ def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(m
     text = (Path(result.folder) / "scaling.md").read_text()
     assert "## Wall-clock speedup against training tokens" in text and "**tiny-math, T=0** (ngram: " in text
     assert "| line | 40 | 80 | 120 |" in text and "| b:streak | " in text  # a line per recipe, a column per size
-    assert set(result.details["figures"]) == {"acceptance", "speedup"}
+    assert set(result.details["figures"]) == {"acceptance", "speedup", "slots"}  # slots: both lines at 120
+    assert "## Per-slot acceptance at 120 training tokens" in text
     assert read_manifest(result.folder).metrics["speedup/ngram/tiny-math/T0"] == wall["ngram"]["tiny-math/T0"]
     cfg.stage.arms = [ScalingArm(name="a", methods=["ce_streak"]), ScalingArm(name="a", methods=["streak"])]
     with pytest.raises(ConfigError, match="distinct names"):

@@ -3,6 +3,7 @@ point each gives, and the wall-clock decode of their drafters. The stage (``pipe
 arithmetic and figures are ``evaluation/scaling.py``'s.
 
     runs = token_runs(cfg)                   # [Run(label, method, size, seed, overrides), ...]
+    lines = study_plan(cfg, finished)        # printed first: each run found by its key or to train
     points = token_points(cfg, run_stage)    # {label: [{"data_size", "seed", "value", "folder", ...}, ...]}
     rows = wall_clock(cfg, points, run_stage)   # stage.evaluate: speedup per point, beside vanilla and ngram
     points = with_prior(cfg, points)         # stage.ledger, stage.prior: earlier sittings' points where this has none
@@ -27,6 +28,7 @@ from omegaconf import DictConfig
 
 from streakline.artifacts import read_manifest, write_text_atomic
 from streakline.config import ConfigError, compose_config
+from streakline.errors import UserError
 from streakline.evaluation import scaling as scaling_report
 from streakline.evaluation.scaling import point_name
 from streakline.locks import update_lock
@@ -104,6 +106,34 @@ def run_overrides(cfg: DictConfig, run: Run, method: str | None = None) -> list[
     if run.adapt is not None and method is None:  # the same command with method=<adapt> made what it starts from
         words.append(f"trainer.init_from='distill:method={run.adapt}'")
     return stage_overrides(cfg, f"distill {shlex.join(words)}")[1]
+
+
+def study_plan(cfg: DictConfig, finished) -> list[str]:
+    """What the study is about to do, a line each, before any run trains: every :func:`token_runs` run found by its
+    key (``finished``: a composed distill config -> its complete folder or None) or to be trained, with its
+    adaptation where its arm has one, and the earlier sittings' points ``stage.ledger`` and ``stage.prior`` add. A
+    run whose config cannot be looked up yet (its adaptation is not made) is one to train."""
+
+    def found(overrides: list[str]) -> Path | None:
+        try:
+            return finished(compose_config(overrides))
+        except UserError:  # a run that cannot be looked up before another is made
+            return None
+
+    runs, rows, todo = token_runs(cfg), [], 0
+    for run in runs:
+        folder = found(run_overrides(cfg, run))
+        todo += folder is None
+        row = f"  {'to train' if folder is None else 'found':<8}  {run.label} at {run.size:,} tokens, seed {run.seed}"
+        row += "" if folder is None else f": {folder.name}"
+        if run.adapt is not None:
+            adapted = found(run_overrides(cfg, run, run.adapt)) is not None
+            row += f" (from its {run.adapt} adaptation, {'found' if adapted else 'to train'})"
+        rows.append(row)
+    prior = len(read_prior(cfg))
+    head = f"{len(runs)} distill run(s): {len(runs) - todo} found by their keys, {todo} to train"
+    head += f"; {prior} point(s) of earlier sittings from stage.ledger / stage.prior" if prior else ""
+    return [head, *rows]
 
 
 def token_points(cfg: DictConfig, run_stage) -> dict[str, list[dict[str, Any]]]:
