@@ -91,6 +91,17 @@ def _read_holder(fd: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _write_holder(fd: int) -> None:
+    """Record this process as the holder in a lock file it has just locked: host, PID and its start, the time, and
+    the torchrun job (``_read_holder`` reads it back for the message a waiting or refused process gives)."""
+    me = {
+        "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
+        "started_at": _utc_now(), "job": torchrun_job(),
+    }  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
+
+
 def _same_file(fd: int, path: Path) -> bool:
     try:
         a, b = os.fstat(fd), os.stat(path)
@@ -156,12 +167,7 @@ class RunLock:
             if not _same_file(fd, self.path):  # its holder released (and deleted) it while we waited: try anew
                 os.close(fd)
                 continue
-            me = {
-                "host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
-                "started_at": _utc_now(), "job": torchrun_job(),
-            }  # fmt: skip
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
+            _write_holder(fd)
             self._fd = fd
             return self
         raise ArtifactError(f"could not lock the run folder {self.folder}: its lock kept changing hands; rerun")
@@ -253,9 +259,7 @@ def update_lock(path: str | os.PathLike, timeout: float = 600.0, poll: float = 0
                         f"while it updates {path}; wait for it to finish or stop it, then rerun"
                     ) from None
                 time.sleep(poll)
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": _utc_now()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
+        _write_holder(fd)
         yield
     finally:
         os.close(fd)  # drops the flock

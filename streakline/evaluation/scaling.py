@@ -84,10 +84,9 @@ def acceptance_points(records: Sequence[dict[str, Any]], metric: str) -> list[di
     ``log_every`` does not divide ``eval_every``) gets them interpolated linearly in steps between the lines around
     it (tokens grow by one global batch's labels a step). A check before any line, or with no tokens, is left out."""
     seen = sorted((int(r["step"]), float(r[TOKENS_KEY])) for r in records if r.get(TOKENS_KEY) is not None)
-    suffix = f"/{metric}"
     by_step: dict[int, list[float]] = {}
     for r in records:
-        values = [v for k, v in r.items() if k.startswith(EVAL_PREFIX) and k.endswith(suffix) and _number(v)]
+        values = [v for v in per_source(r, metric).values() if _number(v)]
         if values:
             by_step.setdefault(int(r["step"]), []).extend(float(v) for v in values)
     points = []
@@ -466,10 +465,9 @@ def slot_figure(points: Sequence[dict[str, Any]], path: str | Path) -> Path | No
     fig, axes = plt.subplots(1, len(sources), figsize=(5.5 * len(sources), 4), squeeze=False)
     for ax, src in zip(axes[0], sources, strict=True):
         for i, p in enumerate(points):
-            alpha = p["slots"].get(src) or []
-            xs = [j + 1 for j, a in enumerate(alpha) if _number(a)]
-            if xs:
-                ax.plot(xs, [alpha[j - 1] for j in xs], marker="o", color=f"C{i}", label=p["method"])
+            reached = [(j + 1, a) for j, a in enumerate(p["slots"].get(src) or []) if _number(a)]
+            if reached:
+                ax.plot(*zip(*reached, strict=True), marker="o", color=f"C{i}", label=p["method"])
         ax.set(xlabel="draft slot j", ylabel="alpha_j (accepted / reached)", ylim=(0, 1.02),
                title=f"{src}, {points[0]['data_size']:,} training tokens")  # fmt: skip
         ax.grid(alpha=0.3)
