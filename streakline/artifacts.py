@@ -466,6 +466,7 @@ class StageRun:
         self.manifest: Manifest | None = None
         self.dir = run_path(root, experiment, stage, self.cfg_hash)
         self._started_at = ""
+        self._git_sha: str | None = None
         self._made_folder = False
         self._lock = RunLock(self.dir)
         self._abandoned = False
@@ -504,6 +505,8 @@ class StageRun:
         if swept:
             log.info("removed %d temp file(s) a killed run left in %s", swept, folder)
         self._started_at = _utc_now()
+        # The code that runs is the code at the start: a commit made while a two-hour run trains is not its code.
+        self._git_sha = git_sha(self.repo_dir)
         return self
 
     def _manifest(self, status: str, error: str | None) -> Manifest:
@@ -511,7 +514,7 @@ class StageRun:
         return Manifest(
             stage=self.stage, experiment=self.experiment, config=self.config, config_hash=self.cfg_hash,
             status=status, inputs=dict(self.inputs), outputs=list(outputs), metrics=dict(self.metrics),
-            git_sha=git_sha(self.repo_dir), package_versions=package_versions(self.packages),
+            git_sha=self._git_sha, package_versions=package_versions(self.packages),
             python=platform.python_version(), host=socket.gethostname(), started_at=self._started_at,
             finished_at=_utc_now(), error=error,
         )  # fmt: skip

@@ -290,6 +290,29 @@ def test_git_sha_inside_and_outside_a_repo(tmp_path, monkeypatch):
     assert artifacts.git_sha(repo) == sha + "-dirty"
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
+def test_manifest_records_the_commit_the_run_started_at(tmp_path, monkeypatch):
+    # a long run that someone commits beside while it trains: its code is the code it started with
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> None:
+        ident = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+        subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q")
+    (repo / "f.txt").write_text("1")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "first")
+    first = artifacts.git_sha(repo)
+    with StageRun(tmp_path / "runs", "tiny", "train", CFG, repo_dir=repo) as run:
+        (repo / "f.txt").write_text("2")
+        git("commit", "-q", "-am", "second")
+    assert artifacts.git_sha(repo) != first
+    assert run.manifest.git_sha == first == artifacts.read_manifest(run.dir).git_sha
+
+
 def test_git_sha_without_git_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert artifacts.git_sha(tmp_path) is None
