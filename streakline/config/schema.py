@@ -351,6 +351,10 @@ class TrainerConfig:
     # right-pad each batch's trajectories to a multiple of this many tokens (never attended, never labelled): with
     # repeated shapes the allocator reuses its blocks (alignment/data.py); 1: the longest row of the batch
     pad_multiple: int = 64
+    # sort each run of this many micro-batches' examples by length and shuffle those batches (alignment/data.py), so
+    # a batch's rows are of about one length and little padding is computed; 0: batches as drawn. It changes which
+    # examples share a step, so it is part of the run's key
+    length_grouping: int = 0
     lora: LoraConfig = field(default_factory=LoraConfig)
     wandb_project: str | None = "streakline"
     # synchronise the device around every phase of a step, so the logged time split (time/data, time/teacher, ...)

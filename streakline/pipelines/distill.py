@@ -224,7 +224,13 @@ class Distill(Stage):
             teacher=stored_teacher,
             features=features,
             pad_multiple=cfg.trainer.pad_multiple,
+            length_grouping=cfg.trainer.length_grouping,
         )
+        if cfg.trainer.length_grouping and strategy.is_main:
+            batch = cfg.trainer.micro_batch_size
+            share, drawn = windows.real_share(batch), windows.real_share(batch, grouped=False)
+            print(f"distill: trainer.length_grouping={cfg.trainer.length_grouping}: {share:.0%} of the positions a "
+                  f"batch computes are real tokens ({drawn:.0%} in batches as drawn)")  # fmt: skip
         per_step = step_examples(cfg.trainer, strategy.world_size)
         steps = epoch_steps(max_steps=cfg.trainer.max_steps, max_epochs=cfg.trainer.max_epochs, examples=len(windows),
                             per_step=per_step)  # fmt: skip

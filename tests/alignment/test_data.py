@@ -176,6 +176,53 @@ def test_epochs_are_reshuffled_and_the_stream_is_their_concatenation():
         _assert_batches_equal(batch, w.collate(order[5 * s : 5 * s + 5].tolist()))
 
 
+def _bimodal(n: int = 24) -> datasets.Dataset:
+    # half the trajectories short, half long, one window group each (completions of G - 1 tokens, W = 3)
+    return _dataset(topk=False, lengths=[(2, G - 1) if r % 2 else (40, G - 1) for r in range(n)])
+
+
+def test_length_grouping_puts_rows_of_one_length_in_a_batch():
+    ds = _bimodal()
+    drawn = TrajectoryWindows(ds, gamma=G, mask_id=MASK, windows_per_seq=3, seed=5)
+    grouped = TrajectoryWindows(ds, gamma=G, mask_id=MASK, windows_per_seq=3, seed=5, length_grouping=6)
+    E = len(grouped)
+    assert E == 24
+
+    def mixed(w: TrajectoryWindows) -> int:  # batches of 4 holding both a short and a long row, over epoch 0
+        return sum(len(set(b.pad_valid.sum(1).tolist())) > 1 for b in islice(w.batches(4), E // 4))
+
+    # one run of 6 batches spans the epoch, sorted: 12 short rows fill 3 batches exactly, 12 long ones the rest
+    assert mixed(grouped) == 0
+    assert mixed(drawn) > 0  # drawn at random, some batch mixes (this seed: most do)
+    assert grouped.real_share(4) == 1.0 > grouped.real_share(4, grouped=False) == drawn.real_share(4)
+    # still every example once an epoch, and the same batches for the same seed
+    for epoch in range(3):
+        order = grouped.epoch_order(epoch, 4)
+        assert sorted(order.tolist()) == list(range(E))
+    assert not torch.equal(grouped.epoch_order(0, 4), grouped.epoch_order(1, 4))
+    assert torch.equal(drawn.epoch_order(0, 4), grouped.epoch_order(0, 1))  # batches of 1: nothing to group
+
+
+def test_length_grouping_keeps_batch_boundaries_across_epochs_and_resumes():
+    # E = 24 examples in batches of 5: batch 4 holds the last 4 of epoch 0 and the first of epoch 1
+    w = TrajectoryWindows(_bimodal(), gamma=G, mask_id=MASK, windows_per_seq=3, seed=2, length_grouping=2)
+    B = 5
+    order = torch.cat([w.epoch_order(e, B) for e in range(3)])
+    stream = list(islice(w.batches(B), 14))
+    for s, batch in enumerate(stream):
+        _assert_batches_equal(batch, w.collate(order[B * s : B * s + B].tolist()))
+    # epoch 1's head (the one position finishing batch 4) stays first, so its runs of 2 batches start at batch 5:
+    # batches 5-6 and 7-8 are each one sorted run, whichever batch of it comes first
+    lengths = [b.pad_valid.sum(1) for b in stream]
+    for first in (5, 7):
+        a, b = lengths[first], lengths[first + 1]
+        assert a.max() <= b.min() or b.max() <= a.min()
+    for a, b in zip(list(islice(w.batches(B, start=6), 8)), stream[6:14], strict=True):
+        _assert_batches_equal(a, b)
+    with pytest.raises(ValueError, match="length_grouping must be >= 0"):
+        TrajectoryWindows(_bimodal(), gamma=G, mask_id=MASK, length_grouping=-1)
+
+
 def test_max_len_drops_windows_that_reach_past_it():
     ds = _dataset()
     max_len = 8

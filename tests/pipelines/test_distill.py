@@ -235,6 +235,18 @@ def test_a_token_subset_an_epoch_cap_and_a_plateau_stop(world, capsys):
         _distill(world, "distill-data", "method=streak", f"trainer.train_tokens={total + 1}")
 
 
+def test_length_grouping_reaches_the_windows_and_the_key(world, streak_run, capsys):
+    """trainer.length_grouping: distill groups its batches by length (alignment/data.py), says what share of the
+    computed positions are real tokens against batches as drawn, and keys the run apart (other steps' batches)."""
+    run = _distill(world, "distill-data", "method=streak", "trainer.length_grouping=4", "trainer.max_steps=3",
+                   "trainer.save_every=3", "trainer.eval_every=3")  # fmt: skip
+    found = re.search(r"trainer.length_grouping=4: (\d+)% of the positions .* real tokens \((\d+)% in batches as drawn",
+                      capsys.readouterr().out)  # fmt: skip
+    assert found and 0 < int(found[2]) <= int(found[1]) <= 100
+    assert read_manifest(run.folder).config["trainer"]["length_grouping"] == 4
+    assert run.folder != streak_run.folder and len(_losses(run.folder)) == 3
+
+
 def test_a_time_budget_stops_the_run_with_a_last_check_and_export(world):
     """trainer.max_minutes: at the first logging step past the budget the run stops, checked and exported as the
     step at max_steps would be; the manifest says where and why. A budget of a microsecond has passed by step 3

@@ -260,6 +260,11 @@ def test_a_ledger_gathers_the_sittings_and_rewriting_it_changes_nothing(micro_wo
     third = run_stage(cfg())  # the file changed (the stale copy replaced): one more report, and the same file
     assert ledger.read_bytes() == before
     assert run_stage(cfg()).cached and third.folder != second.folder and ledger.read_bytes() == before
+    # a copy another run made (another folder): its notes in words describe that run, so they go with it
+    ledger.write_text(json.dumps({**written, "acceptance": [{**point, "folder": "runs/older", "sitting": "first"}]}))
+    run_stage(cfg())
+    (replaced,) = json.loads(ledger.read_text())["acceptance"]
+    assert replaced == point and "sitting" not in replaced
     ledger.write_text(json.dumps({**written, "metric": "decoder_streak"}))
     with pytest.raises(ConfigError, match="stage.ledger: .* holds 'decoder_streak' points .* or another file"):
         load_stage("scaling").check(cfg())

@@ -312,8 +312,15 @@ def _update_ledger(cfg: DictConfig, path: Path, acceptance: list[dict[str, Any]]
         return p["method"], int(p["data_size"]), int(p["seed"])
 
     old = {at(p): p for p in ledger["acceptance"]}
-    # a field the file has and the run does not give (a note in words: the machine, the sitting) stays
-    new = [{**old.get(at(p), {}), **ledger_point(p, s.metric)} for p in acceptance if not p.get("prior")]
+
+    def notes(point: dict[str, Any]) -> dict[str, Any]:
+        # a field the file has and the run does not give (a note in words: the machine, the sitting) stays while it
+        # describes this run: a point that another run (another set, a new key) measures again starts afresh
+        earlier = old.get(at(point), {})
+        return earlier if earlier.get("folder") == point["folder"] else {}
+
+    measured_points = [ledger_point(p, s.metric) for p in acceptance if not p.get("prior")]
+    new = [{**notes(p), **p} for p in measured_points]
     measured = {at(p) for p in new}
     kept = [p for p in ledger["acceptance"] if at(p) not in measured]
     ledger["acceptance"] = sorted(kept + new, key=at)
