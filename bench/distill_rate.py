@@ -64,6 +64,8 @@ def _data(args) -> list[str]:
     return [
         "model=smol", "data=smol", f"run_root={args.run_root}", "experiment.name=bench_distill",
         f"data.max_prompts={args.prompts}", f"data.max_new_tokens={args.new}", f"data.feature_layers=[{layers}]",
+        # the self-chat requests keep the held-out prompts out, so the set's key holds them: both stages get them
+        f"trainer.eval_prompts={args.eval_prompts}", f"trainer.eval_sources=[{','.join(args.eval_sources)}]",
     ]  # fmt: skip
 
 
@@ -72,8 +74,7 @@ def _distill(args, seed: int) -> list[str]:
         *_data(args), "stage=distill", *DRAFTERS[args.drafter], f"method={args.method}",
         f"seed={seed}", "data.seed=0", f"trainer.max_steps={args.steps}", f"trainer.save_every={args.steps}",
         f"trainer.eval_every={args.steps}", "trainer.log_every=1", f"trainer.micro_batch_size={args.batch}",
-        "trainer.warmup_steps=10", f"trainer.eval_prompts={args.eval_prompts}",
-        f"trainer.eval_sources=[{','.join(args.eval_sources)}]", "trainer.wandb_project=null",
+        "trainer.warmup_steps=10", "trainer.wandb_project=null",
     ]  # fmt: skip
 
 
