@@ -372,7 +372,7 @@ class TrajectoryWindows:
             ok = pos < len(seq)
             labels[b, :n] = np.where(ok, seq[np.minimum(pos, len(seq) - 1)], mask)
             valid[b, :n] = ok
-            seqs.append(seq[: min(len(seq), int(offs[-1]) + G)])
+            seqs.append(seq[: self._example_len[example]])  # up to its last window's labels
             if self.teacher:
                 # slot j of the window at offset i is completion token i + j - P
                 index = completion_start[u] + np.minimum(pos - P, completion_len[u] - 1)
