@@ -384,19 +384,18 @@ def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[di
     """The data-scaling study's decode results (``stage.evaluate``: evaluate records whose ``method`` is
     ``<label>@<tokens>``, beside ``vanilla`` and ``ngram``) as ``{"rows": [...], "ngram": {...}}``: one row per
     point, benchmark and temperature (label, tokens, speedup over vanilla, accepted tokens a cycle, the lossless
-    verdict), and ngram's speedup per (benchmark, temperature), the training-free bar. A point's drafter decoded
-    behind prompt lookup (``<label>+lookup@<tokens>``, dflash_lookup) is a line of its own, ``<label>+lookup``."""
+    verdict, the prompts decoded, ngram's speedup in the same run and the run's folder where the record names it),
+    and ngram's speedup per (benchmark, temperature), the training-free bar. A point's drafter decoded behind prompt
+    lookup (``<label>+lookup@<tokens>``, dflash_lookup) is a line of its own, ``<label>+lookup``."""
     where = {
         point_name(p, lookup): (p, p["method"] + (LOOKUP_SUFFIX if lookup else ""))
         for pts in points.values()
         for p in pts
         for lookup in (False, True)
     }
-    rows, ngram = [], {}
+    ngram = {f"{r['benchmark']}/T{r['temperature']:g}": r.get("speedup") for r in records if r["method"] == "ngram"}
+    rows = []
     for r in records:
-        key = f"{r['benchmark']}/T{r['temperature']:g}"
-        if r["method"] == "ngram":
-            ngram[key] = r.get("speedup")
         if r["method"] not in where:
             continue
         p, line = where[r["method"]]
@@ -404,10 +403,41 @@ def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[di
             "method": line, "data_size": p["data_size"], "benchmark": r["benchmark"],
             "temperature": r["temperature"], "speedup": r.get("speedup"),
             "accepted_per_cycle": r.get("accepted_per_cycle"), "lossless": r.get("lossless"),
-            "check": (r.get("lossless_check") or {}).get("check"),
+            "check": (r.get("lossless_check") or {}).get("check"), "prompts": r.get("prompts"),
+            "ngram": ngram.get(f"{r['benchmark']}/T{r['temperature']:g}"),
+            **({"evaluate": r["evaluate"]} if r.get("evaluate") else {}),
         })  # fmt: skip
     rows.sort(key=lambda x: (x["benchmark"], x["temperature"], x["method"], x["data_size"]))
     return {"rows": rows, "ngram": ngram}
+
+
+def row_at(row: dict[str, Any]) -> tuple[str, int, str, float]:
+    """What a decoded row is of: (line, training tokens, benchmark, temperature); one row each in a report."""
+    return row["method"], int(row["data_size"]), row["benchmark"], float(row["temperature"])
+
+
+def with_prior_rows(wall: dict[str, Any], prior: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``wall`` (:func:`wall_clock_rows`) and every row of ``prior`` (earlier sittings' decodes, each marked
+    ``prior``) of a line, size, benchmark and temperature ``wall`` has none of: what decodes now wins, then the first
+    prior. A (benchmark, temperature) this sitting did not decode takes its ngram bar from the first prior row there."""
+    have, rows, ngram = {row_at(r) for r in wall["rows"]}, list(wall["rows"]), dict(wall["ngram"])
+    for r in prior:
+        if row_at(r) in have:
+            continue
+        have.add(row_at(r))
+        rows.append(r)
+        if r.get("ngram") is not None:
+            ngram.setdefault(f"{r['benchmark']}/T{float(r['temperature']):g}", r["ngram"])
+    rows.sort(key=lambda x: (x["benchmark"], x["temperature"], x["method"], x["data_size"]))
+    return {"rows": rows, "ngram": ngram}
+
+
+def ngram_span(wall: dict[str, Any], bench: str, temperature: float) -> tuple[float, float] | None:
+    """The lowest and highest ngram speedup of the decode runs behind a panel's rows (each row carries its run's),
+    with the report's bar: rows of several sittings were each timed against their own vanilla and ngram."""
+    bars = [r.get("ngram") for r in wall["rows"] if (r["benchmark"], r["temperature"]) == (bench, temperature)]
+    bars = [b for b in [*bars, wall["ngram"].get(f"{bench}/T{temperature:g}")] if _number(b)]
+    return (min(bars), max(bars)) if bars else None
 
 
 def speedup_figure(wall: dict[str, Any], path: str | Path) -> Path | None:
@@ -427,9 +457,14 @@ def speedup_figure(wall: dict[str, Any], path: str | Path) -> Path | None:
             if mine:
                 ax.plot([x for x, _ in mine], [y for _, y in mine], marker="o", color=f"C{i}", label=label)
         ax.axhline(1.0, color="grey", lw=1, label="break-even (vanilla)")
-        bar = wall["ngram"].get(f"{bench}/T{temperature:g}")
+        bar, span = wall["ngram"].get(f"{bench}/T{temperature:g}"), ngram_span(wall, bench, temperature)
         if bar is not None:
             ax.axhline(bar, color="black", ls="--", lw=1, label=f"ngram (no training): {bar:.2f}x")
+        if span is not None and span[1] > span[0]:  # decodes of several sittings: each run's own ngram
+            ax.axhspan(*span, color="black", alpha=0.08, label=f"ngram, the decode runs: {span[0]:.2f}-{span[1]:.2f}x")
+        for r in rows:  # an earlier sitting's decode: hollow, so the reader sees which runs the line joins
+            if (r["benchmark"], r["temperature"]) == (bench, temperature) and r.get("prior") and r["speedup"]:
+                ax.plot(r["data_size"], r["speedup"], marker="o", mfc="white", color=f"C{labels.index(r['method'])}")
         ax.set_xscale("log")
         ax.set(xlabel="training tokens (log)", ylabel="speedup over vanilla (wall clock)",
                title=f"{bench}, T={temperature:g}")  # fmt: skip
@@ -511,14 +546,19 @@ def wall_clock_lines(summary: dict[str, Any]) -> list[str]:
              "LOSSY marks a row that parted from vanilla beyond the bound. ngram is prompt lookup: no training at "
              "all, the bar a trained drafter must clear."]  # fmt: skip
     rows = wall["rows"]
+    if any(r.get("prior") for r in rows):
+        lines += ["", "A cell marked * was decoded by an earlier sitting (`stage.ledger`, `stage.prior`), timed "
+                  "against vanilla and ngram in its own run; where a panel's rows come from several runs, the range "
+                  "of their ngram speedups follows the bar."]  # fmt: skip
     for bench, temperature in sorted({(r["benchmark"], r["temperature"]) for r in rows}):
         mine = [r for r in rows if (r["benchmark"], r["temperature"]) == (bench, temperature)]
         sizes = sorted({r["data_size"] for r in mine})
         cells = {(r["method"], r["data_size"]): r for r in mine}
-        bar = wall["ngram"].get(f"{bench}/T{temperature:g}")
+        bar, span = wall["ngram"].get(f"{bench}/T{temperature:g}"), ngram_span(wall, bench, temperature)
+        spread = f"; {span[0]:.2f}-{span[1]:.2f}x over the runs" if span and span[1] > span[0] else ""
         lines += [
             "",
-            f"**{bench}, T={temperature:g}** (ngram: {_f(bar, '.2f')}x)",
+            f"**{bench}, T={temperature:g}** (ngram: {_f(bar, '.2f')}x{spread})",
             "",
             "| line | " + " | ".join(f"{n:,}" for n in sizes) + " |",
             "|---" * (len(sizes) + 1) + "|",
@@ -528,7 +568,7 @@ def wall_clock_lines(summary: dict[str, Any]) -> list[str]:
             for n in sizes:
                 r = cells.get((label, n))
                 out.append("-" if r is None else f"{_f(r['speedup'], '.2f')}x / {_f(r['accepted_per_cycle'], '.2f')}"
-                           + ("" if r["lossless"] else " LOSSY"))  # fmt: skip
+                           + ("" if r["lossless"] else " LOSSY") + (" *" if r.get("prior") else ""))  # fmt: skip
             lines.append(f"| {label} | " + " | ".join(out) + " |")
     if "speedup" in summary.get("figures", {}):
         lines += ["", f"![wall-clock speedup against training tokens]({Path(summary['figures']['speedup']).name})"]

@@ -158,8 +158,9 @@ class Scaling(Stage):
         points = data_scaling.token_points(cfg, run_stage) if by_tokens else _prompt_points(cfg)
         records = data_scaling.wall_clock(cfg, points, run_stage) if by_tokens and s.evaluate else []
         wall_clock = scaling_report.wall_clock_rows(records, points)
-        if by_tokens:  # earlier sittings' points join the table, fits and figures (decoded only where they ran)
+        if by_tokens:  # earlier sittings' points join the table, fits and figures, and their decodes the speedups
             points = data_scaling.with_prior(cfg, points)
+            wall_clock = scaling_report.with_prior_rows(wall_clock, data_scaling.read_prior_rows(cfg))
         fits = {
             m: scaling_report.fit_power_law([p["label_tokens"] for p in pts], [p["value"] for p in pts])
             for m, pts in points.items()
@@ -191,7 +192,7 @@ class Scaling(Stage):
             f.write(json.dumps(summary, indent=2) + "\n")
         for name in ("scaling.md", "scaling.json", *(Path(p).name for p in figures.values())):
             stage_run.add_output(name)
-        data_scaling.write_ledger(cfg, summary["acceptance"])
+        data_scaling.write_ledger(cfg, summary["acceptance"], _decoded(summary))
         metrics = _headline(summary)
         stage_run.metrics.update(metrics)
         _log_wandb(cfg, stage_run, summary, metrics, figures)
@@ -199,7 +200,8 @@ class Scaling(Stage):
 
     def reuse(self, cfg: DictConfig, folder: Path) -> StageResult:
         summary = json.loads((folder / "scaling.json").read_text(encoding="utf-8"))
-        data_scaling.write_ledger(cfg, summary["acceptance"])  # a ledger made or moved since: it gets the points too
+        # a ledger made or moved since: it gets the points and decodes too
+        data_scaling.write_ledger(cfg, summary["acceptance"], _decoded(summary))
         return _result(folder, summary, _headline(summary))
 
     def report(self, result: StageResult) -> None:
@@ -355,6 +357,11 @@ def _setup(cfg: DictConfig) -> dict[str, Any]:
         if s.token_sizes
         else [],
     }
+
+
+def _decoded(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """A report's decoded rows (an older scaling.json may have none)."""
+    return (summary.get("wall_clock") or {}).get("rows") or []
 
 
 def _headline(summary: dict[str, Any]) -> dict[str, Any]:

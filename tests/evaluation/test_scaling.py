@@ -22,10 +22,12 @@ from streakline.evaluation.scaling import (
     slot_figure,
     slot_lines,
     slot_points,
+    speedup_figure,
     throughput,
     throughput_figure,
     wall_clock_lines,
     wall_clock_rows,
+    with_prior_rows,
     write_report,
 )
 
@@ -207,3 +209,26 @@ def test_wall_clock_rows_read_each_points_drafter_alone_and_behind_prompt_lookup
     assert got == {("dflash:ce", 10): 0.9, ("dflash:ce+lookup", 10): 1.6, ("dflash:ce+lookup", 100): 1.8}
     text = "\n".join(wall_clock_lines({"wall_clock": wall}))
     assert "| dflash:ce+lookup | 1.60x / 0.50 | 1.80x / 0.50 |" in text and "| dflash:ce | 0.90x / 0.50 | - |" in text
+
+
+def test_earlier_sittings_decodes_join_where_this_one_has_none(tmp_path):
+    """with_prior_rows: a row this report decoded wins over a prior one of the same line, size, benchmark and
+    temperature; the others join, marked * in the table; a panel whose rows come from runs with different ngram
+    speedups gives their range; a panel this report did not decode takes its bar from the first prior row."""
+
+    def row(size, speedup, ngram, **extra):
+        return {"method": "dflash:ce", "data_size": size, "benchmark": "code", "temperature": 0.0, "speedup": speedup,
+                "accepted_per_cycle": 0.5, "lossless": True, "ngram": ngram, **extra}  # fmt: skip
+
+    wall = {"rows": [row(300, 1.6, 2.0)], "ngram": {"code/T0": 2.0}}
+    prior = [row(300, 9.9, 1.7, prior="ledger.json"), row(30, 1.04, 1.7, prior="ledger.json"),
+             {**row(30, 0.8, 1.1, prior="ledger.json"), "benchmark": "chat"}]  # fmt: skip
+    merged = with_prior_rows(wall, prior)
+    got = {(r["benchmark"], r["data_size"]): r["speedup"] for r in merged["rows"]}
+    assert got == {("code", 300): 1.6, ("code", 30): 1.04, ("chat", 30): 0.8}  # this report's 300 wins
+    assert merged["ngram"] == {"code/T0": 2.0, "chat/T0": 1.1} and wall["rows"] == [row(300, 1.6, 2.0)]
+    text = "\n".join(wall_clock_lines({"wall_clock": merged}))
+    assert "**code, T=0** (ngram: 2.00x; 1.70-2.00x over the runs)" in text and "**chat, T=0** (ngram: 1.10x)" in text
+    assert "| dflash:ce | 1.04x / 0.50 * | 1.60x / 0.50 |" in text and "A cell marked * was decoded by an" in text
+    assert with_prior_rows(wall, []) == wall and "marked *" not in "\n".join(wall_clock_lines({"wall_clock": wall}))
+    assert speedup_figure(merged, tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"

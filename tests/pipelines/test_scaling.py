@@ -325,10 +325,10 @@ def test_two_reports_writing_one_ledger_at_once_both_land(tmp_path):
     assert [(p["data_size"], p["value"]) for p in written] == [(40, 0.4), (120, 1.2)]
 
 
-def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world, capsys):
+def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(micro_world, capsys, tmp_path):
     """stage.arms: two recipes in one report (lines <arm>:<loss>, an arm's every-other size and overrides);
     stage.evaluate: each seed-0 drafter decodes held-out prompts beside vanilla and ngram, every row lossless, in
-    speedup.png."""
+    speedup.png; with stage.ledger the decodes go to the file, and a later sitting that decodes nothing draws them."""
     from streakline.config.schema import ScalingArm
 
     root = Path(micro_world[0])
@@ -372,6 +372,21 @@ def test_arms_side_by_side_and_their_drafters_decoded_beside_vanilla_and_ngram(m
     assert set(result.details["figures"]) == {"acceptance", "speedup", "slots"}  # slots: both lines at 120
     assert "## Per-slot acceptance at 120 training tokens" in text
     assert read_manifest(result.folder).metrics["speedup/ngram/tiny-math/T0"] == wall["ngram"]["tiny-math/T0"]
+    ledger = tmp_path / "ledger.json"
+    cfg.stage.ledger = str(ledger)
+    run_stage(cfg)  # every run and the decodes found by their keys; a new report, which writes the ledger
+    kept = json.loads(ledger.read_text())["wall_clock"]
+    (evaluate,) = {r["evaluate"] for r in kept}  # the one evaluate run that decoded them all
+    assert kept == wall["rows"] and read_manifest(evaluate).stage == "evaluate"
+    before = ledger.read_bytes()
+    cfg.stage.evaluate = False  # a later sitting that decodes nothing: the speedups come from the ledger
+    later = run_stage(cfg).details["summary"]
+    rows = later["wall_clock"]["rows"]
+    assert [{k: v for k, v in r.items() if k != "prior"} for r in rows] == wall["rows"]
+    assert {r["prior"] for r in rows} == {"ledger.json"}
+    assert later["wall_clock"]["ngram"] == wall["ngram"] and "speedup" in later["figures"]
+    assert ledger.read_bytes() == before  # prior rows are not written back as measured
+    cfg.stage.evaluate, cfg.stage.ledger = True, None
     cfg.stage.arms = [ScalingArm(name="a", methods=["ce_streak"]), ScalingArm(name="a", methods=["streak"])]
     with pytest.raises(ConfigError, match="distinct names"):
         load_stage("scaling").check(cfg)

@@ -201,10 +201,18 @@ def wall_clock(cfg: DictConfig, points: dict[str, list[dict[str, Any]]], run_sta
                 methods.append(EvalMethod(point_name(p, lookup=True), "dflash_lookup", drafter=drafter))
     evaluation.stage.methods = [EvalMethodConfig(**m.as_dict()) for m in methods]
     result = run_stage(evaluation)
-    return list(result.details["records"])
+    return [{**r, "evaluate": _relative(result.folder)} for r in result.details["records"]]
+
+
+def _relative(folder: str | Path) -> str:
+    """A run folder as the ledger keeps it: relative to the current directory where it lies under it (a
+    repository's runs/), so the file reads the same from any checkout."""
+    folder, here = Path(folder), Path.cwd()
+    return str(folder.relative_to(here)) if folder.is_relative_to(here) else str(folder)
 
 
 PRIOR_KEYS = ("method", "data_size", "seed", "value")  # what a prior point must give (label, size, seed, the value)
+ROW_KEYS = ("method", "data_size", "benchmark", "temperature", "speedup")  # and a prior decoded row
 
 
 def _prior_files(cfg: DictConfig) -> list[tuple[str, Path]]:
@@ -249,6 +257,27 @@ def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
     return out
 
 
+def read_prior_rows(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The decoded rows (wall-clock speedup of a point's drafter) of ``stage.ledger``'s and ``stage.prior``'s files,
+    each marked ``prior: <file name>``, in the files' order: a ledger keeps them as a list (``wall_clock``), an
+    earlier report as ``{"rows", "ngram"}``, whose bar each row then carries. Files were checked by
+    :func:`read_prior`; a row that lacks a field the report draws is refused, naming the file."""
+    out = []
+    for setting, path in _prior_files(cfg):
+        if setting == "stage.ledger" and not path.exists():
+            continue
+        wall = _read_points_file(setting, path).get("wall_clock") or []
+        rows = wall.get("rows") or [] if isinstance(wall, dict) else wall
+        bars = wall.get("ngram") or {} if isinstance(wall, dict) else {}
+        for i, r in enumerate(rows):
+            bad = [k for k in ROW_KEYS if not isinstance(r, dict) or k not in r]
+            if bad:
+                raise ConfigError(f"{setting}: {path}: decoded row {i} lacks {bad} (each needs {list(ROW_KEYS)})")
+            bar = bars.get(f"{r['benchmark']}/T{float(r['temperature']):g}")
+            out.append({"ngram": bar, **r, "data_size": int(r["data_size"]), "prior": r.get("prior") or path.name})
+    return out
+
+
 def _read_points_file(setting: str, path: Path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
@@ -278,10 +307,12 @@ def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict
     return out
 
 
-def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | None:
+def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]], rows: list[dict[str, Any]] = ()) -> Path | None:
     """``stage.ledger``: add the measured points among ``acceptance`` (a report's, prior points left out) to the
     ledger file, each replacing the fields of the file's point of the same line, size and seed with what the run's
-    folder says of it (:func:`ledger_point`); the file's other points, and fields the run does not give, stay.
+    folder says of it (:func:`ledger_point`); the file's other points, and fields the run does not give, stay. The
+    measured decoded rows among ``rows`` (a report's ``wall_clock`` rows) go to its ``wall_clock`` list alike, one
+    per line, size, benchmark and temperature, so the speedup figure spans sittings as the curve does.
     Written atomically, so a killed writer leaves the old file, and under ``locks.update_lock``, so two reports
     writing one ledger at once both land; the same points give the same file, so rewriting it changes nothing.
     Returns the path, or None without a ledger."""
@@ -291,11 +322,11 @@ def write_ledger(cfg: DictConfig, acceptance: list[dict[str, Any]]) -> Path | No
     path = Path(s.ledger)
     path.parent.mkdir(parents=True, exist_ok=True)
     with update_lock(path):  # two reports at once (a Slurm multirun): the second reads the first's points
-        _update_ledger(cfg, path, acceptance)
+        _update_ledger(cfg, path, acceptance, rows)
     return path
 
 
-def _update_ledger(cfg: DictConfig, path: Path, acceptance: list[dict[str, Any]]) -> None:
+def _update_ledger(cfg: DictConfig, path: Path, acceptance: list[dict[str, Any]], rows=()) -> None:
     s = cfg.stage
     if path.exists():
         ledger = _read_points_file("stage.ledger", path)
@@ -311,20 +342,28 @@ def _update_ledger(cfg: DictConfig, path: Path, acceptance: list[dict[str, Any]]
     def at(p: dict[str, Any]) -> tuple[str, int, int]:
         return p["method"], int(p["data_size"]), int(p["seed"])
 
-    old = {at(p): p for p in ledger["acceptance"]}
-
-    def notes(point: dict[str, Any]) -> dict[str, Any]:
-        # a field the file has and the run does not give (a note in words: the machine, the sitting) stays while it
-        # describes this run: a point that another run (another set, a new key) measures again starts afresh
-        earlier = old.get(at(point), {})
-        return earlier if earlier.get("folder") == point["folder"] else {}
-
-    measured_points = [ledger_point(p, s.metric) for p in acceptance if not p.get("prior")]
-    new = [{**notes(p), **p} for p in measured_points]
-    measured = {at(p) for p in new}
-    kept = [p for p in ledger["acceptance"] if at(p) not in measured]
-    ledger["acceptance"] = sorted(kept + new, key=at)
+    ledger["acceptance"] = _merged(ledger["acceptance"], [ledger_point(p, s.metric) for p in acceptance
+                                                          if not p.get("prior")], at, "folder")  # fmt: skip
+    measured_rows = [{**r, "evaluate": _relative(r["evaluate"])} if r.get("evaluate") else dict(r)
+                     for r in rows if not r.get("prior")]  # fmt: skip
+    if measured_rows or ledger.get("wall_clock"):
+        ledger["wall_clock"] = _merged(ledger.get("wall_clock") or [], measured_rows, scaling_report.row_at, "evaluate")
     write_text_atomic(path, json.dumps(ledger, indent=2) + "\n")
+
+
+def _merged(kept: list[dict[str, Any]], measured: list[dict[str, Any]], at, run: str) -> list[dict[str, Any]]:
+    """A ledger list with each measured entry in place of the file's entry at the same ``at``. A field the file has
+    and the run does not give (a note in words: the machine, the sitting) stays while it describes the same run (the
+    same ``run`` folder): an entry that another run (another set, a new key) measures again starts afresh."""
+    old = {at(p): p for p in kept}
+
+    def notes(entry: dict[str, Any]) -> dict[str, Any]:
+        earlier = old.get(at(entry), {})
+        return earlier if earlier.get(run) == entry.get(run) else {}
+
+    new = [{**notes(p), **p} for p in measured]
+    measured_at = {at(p) for p in new}
+    return sorted([p for p in kept if at(p) not in measured_at] + new, key=at)
 
 
 def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
@@ -336,8 +375,7 @@ def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
     keep = ("method", "loss", "data_size", "seed", "step", "label_tokens", "value")
     out = {k: point.get(k) for k in keep}
     folder = Path(point["folder"])
-    here = Path.cwd()
-    out["folder"] = str(folder.relative_to(here)) if folder.is_relative_to(here) else str(folder)
+    out["folder"] = _relative(folder)
     if not (folder / "manifest.json").is_file():  # a folder gone since the report: the report's fields only
         return out
     manifest = read_manifest(folder)
