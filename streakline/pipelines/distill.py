@@ -167,6 +167,8 @@ class Distill(Stage):
             trainer.pop("stop_metric", None)
         if not trainer.get("freeze_embeddings", True):  # added later: unset, earlier runs keep their folders
             del trainer["freeze_embeddings"]
+        if not trainer.get("length_grouping"):  # added later: off (0), earlier runs keep their folders
+            trainer.pop("length_grouping", None)
         # A run extended from another starts from that checkpoint, so the checkpoint (resolved: a run folder's
         # `latest` tag) is part of the key; unset, the key leaves it out and folders of earlier runs keep their hash.
         if trainer.pop("resume_from", None):

@@ -245,6 +245,8 @@ def test_length_grouping_reaches_the_windows_and_the_key(world, streak_run, caps
     assert found and 0 < int(found[2]) <= int(found[1]) <= 100
     assert read_manifest(run.folder).config["trainer"]["length_grouping"] == 4
     assert run.folder != streak_run.folder and len(_losses(run.folder)) == 3
+    # off (0, the default), the knob is not in the key: runs from before it existed keep their folders
+    assert "length_grouping" not in read_manifest(Path(streak_run.artifact).parent).config["trainer"]
 
 
 def test_a_time_budget_stops_the_run_with_a_last_check_and_export(world):
