@@ -264,6 +264,12 @@ def test_unserialisable_metrics_fail_the_run_but_keep_good_manifest(tmp_path):
 # --- provenance --------------------------------------------------------------------------------------------------
 
 
+def _git(repo: Path, *args: str) -> None:
+    """git in ``repo`` as a throwaway identity, unsigned: the tests' own commits."""
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True)
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not on PATH")
 def test_git_sha_inside_and_outside_a_repo(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # never find a repo above tmp_path
@@ -273,15 +279,11 @@ def test_git_sha_inside_and_outside_a_repo(tmp_path, monkeypatch):
     assert artifacts.git_sha(plain) is None
     assert artifacts.git_sha(tmp_path / "does-not-exist") is None
 
-    def git(*args: str) -> None:
-        ident = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-        subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True)
-
-    git("init", "-q")
+    _git(repo, "init", "-q")
     assert artifacts.git_sha(repo) is None  # no commit yet
     (repo / "f.txt").write_text("1")
-    git("add", "f.txt")
-    git("commit", "-q", "-m", "init")
+    _git(repo, "add", "f.txt")
+    _git(repo, "commit", "-q", "-m", "init")
     sha = artifacts.git_sha(repo)
     assert re.fullmatch(r"[0-9a-f]{40}", sha)
     (repo / "untracked.txt").write_text("u")
@@ -297,18 +299,14 @@ def test_manifest_records_the_commit_the_run_started_at(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     repo.mkdir()
 
-    def git(*args: str) -> None:
-        ident = ["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false"]
-        subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True)
-
-    git("init", "-q")
+    _git(repo, "init", "-q")
     (repo / "f.txt").write_text("1")
-    git("add", "f.txt")
-    git("commit", "-q", "-m", "first")
+    _git(repo, "add", "f.txt")
+    _git(repo, "commit", "-q", "-m", "first")
     first = artifacts.git_sha(repo)
     with StageRun(tmp_path / "runs", "tiny", "train", CFG, repo_dir=repo) as run:
         (repo / "f.txt").write_text("2")
-        git("commit", "-q", "-am", "second")
+        _git(repo, "commit", "-q", "-am", "second")
     assert artifacts.git_sha(repo) != first
     assert run.manifest.git_sha == first == artifacts.read_manifest(run.dir).git_sha
 
