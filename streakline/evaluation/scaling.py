@@ -419,15 +419,18 @@ def row_at(row: dict[str, Any]) -> tuple[str, int, str, float]:
 def with_prior_rows(wall: dict[str, Any], prior: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``wall`` (:func:`wall_clock_rows`) and every row of ``prior`` (earlier sittings' decodes, each marked
     ``prior``) of a line, size, benchmark and temperature ``wall`` has none of: what decodes now wins, then the first
-    prior. A (benchmark, temperature) this sitting did not decode takes its ngram bar from the first prior row there."""
+    prior. A (benchmark, temperature) this sitting did not decode takes its ngram bar from the run that decoded its
+    largest training size there, the side-by-side comparison that decides whether the best drafter beats ngram."""
     have, rows, ngram = {row_at(r) for r in wall["rows"]}, list(wall["rows"]), dict(wall["ngram"])
+    largest: dict[str, int] = {}  # a panel without this report's bar: the run that decoded its largest size gives it
     for r in prior:
         if row_at(r) in have:
             continue
         have.add(row_at(r))
         rows.append(r)
-        if r.get("ngram") is not None:
-            ngram.setdefault(f"{r['benchmark']}/T{float(r['temperature']):g}", r["ngram"])
+        key = f"{r['benchmark']}/T{float(r['temperature']):g}"
+        if r.get("ngram") is not None and key not in wall["ngram"] and r["data_size"] > largest.get(key, -1):
+            ngram[key], largest[key] = r["ngram"], r["data_size"]
     rows.sort(key=lambda x: (x["benchmark"], x["temperature"], x["method"], x["data_size"]))
     return {"rows": rows, "ngram": ngram}
 
@@ -466,6 +469,9 @@ def speedup_figure(wall: dict[str, Any], path: str | Path) -> Path | None:
             if (r["benchmark"], r["temperature"]) == (bench, temperature) and r.get("prior") and r["speedup"]:
                 ax.plot(r["data_size"], r["speedup"], marker="o", mfc="white", color=f"C{labels.index(r['method'])}")
         ax.set_xscale("log")
+        sizes = sorted({r["data_size"] for r in rows if (r["benchmark"], r["temperature"]) == (bench, temperature)})
+        ax.set_xticks(sizes, [f"{n:,}" for n in sizes], minor=False)  # the sizes decoded, not a log grid's
+        ax.set_xticks([], minor=True)
         ax.set(xlabel="training tokens (log)", ylabel="speedup over vanilla (wall clock)",
                title=f"{bench}, T={temperature:g}")  # fmt: skip
         ax.grid(alpha=0.3, which="both")

@@ -222,13 +222,15 @@ def test_earlier_sittings_decodes_join_where_this_one_has_none(tmp_path):
 
     wall = {"rows": [row(300, 1.6, 2.0)], "ngram": {"code/T0": 2.0}}
     prior = [row(300, 9.9, 1.7, prior="ledger.json"), row(30, 1.04, 1.7, prior="ledger.json"),
-             {**row(30, 0.8, 1.1, prior="ledger.json"), "benchmark": "chat"}]  # fmt: skip
+             {**row(30, 0.8, 1.3, prior="ledger.json"), "benchmark": "chat"},
+             {**row(100, 0.9, 1.1, prior="ledger.json"), "benchmark": "chat"}]  # fmt: skip
     merged = with_prior_rows(wall, prior)
     got = {(r["benchmark"], r["data_size"]): r["speedup"] for r in merged["rows"]}
-    assert got == {("code", 300): 1.6, ("code", 30): 1.04, ("chat", 30): 0.8}  # this report's 300 wins
+    assert got == {("code", 300): 1.6, ("code", 30): 1.04, ("chat", 30): 0.8, ("chat", 100): 0.9}
     assert merged["ngram"] == {"code/T0": 2.0, "chat/T0": 1.1} and wall["rows"] == [row(300, 1.6, 2.0)]
     text = "\n".join(wall_clock_lines({"wall_clock": merged}))
-    assert "**code, T=0** (ngram: 2.00x; 1.70-2.00x over the runs)" in text and "**chat, T=0** (ngram: 1.10x)" in text
+    assert "**code, T=0** (ngram: 2.00x; 1.70-2.00x over the runs)" in text  # chat's bar: its 100's run
+    assert "**chat, T=0** (ngram: 1.10x; 1.10-1.30x over the runs)" in text
     assert "| dflash:ce | 1.04x / 0.50 * | 1.60x / 0.50 |" in text and "A cell marked * was decoded by an" in text
     assert with_prior_rows(wall, []) == wall and "marked *" not in "\n".join(wall_clock_lines({"wall_clock": wall}))
     assert speedup_figure(merged, tmp_path / "speedup.png").read_bytes()[:4] == b"\x89PNG"
