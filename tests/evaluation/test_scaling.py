@@ -214,7 +214,7 @@ def test_wall_clock_rows_read_each_points_drafter_alone_and_behind_prompt_lookup
 def test_earlier_sittings_decodes_join_where_this_one_has_none(tmp_path):
     """with_prior_rows: a row this report decoded wins over a prior one of the same line, size, benchmark and
     temperature; the others join, marked * in the table; a panel whose rows come from runs with different ngram
-    speedups gives their range; a panel this report did not decode takes its bar from the first prior row."""
+    speedups gives their range; a panel this report did not decode takes its bar from the run of its largest size."""
 
     def row(size, speedup, ngram, **extra):
         return {"method": "dflash:ce", "data_size": size, "benchmark": "code", "temperature": 0.0, "speedup": speedup,

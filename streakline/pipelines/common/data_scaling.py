@@ -8,7 +8,7 @@ arithmetic and figures are ``evaluation/scaling.py``'s.
     rows = wall_clock(cfg, points, run_stage)   # stage.evaluate: speedup per point, beside vanilla and ngram
     points = with_prior(cfg, points)         # stage.ledger, stage.prior: earlier sittings' points where this has none
     prior_rows = read_prior_rows(cfg)        # and their decoded rows (scaling_report.with_prior_rows merges them)
-    write_ledger(cfg, summary["acceptance"], rows)  # stage.ledger: this study's measured points and decodes added
+    write_ledger(cfg, summary["acceptance"], summary["wall_clock"]["rows"])  # stage.ledger: measured points, decodes
 
 A run is one loss of one recipe (an arm: ``stage.arms``, or the stage's own methods and run_overrides) at one
 token size and seed; every run is an ordinary distill run, cached by its key, so a cut-off study resumes. Where the
