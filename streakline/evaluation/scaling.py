@@ -380,6 +380,12 @@ def point_name(point: dict[str, Any], lookup: bool = False) -> str:
     return f"{point['method']}{LOOKUP_SUFFIX if lookup else ''}@{point['data_size']}"
 
 
+def panel_key(benchmark: str, temperature: float) -> str:
+    """The key of one speedup panel, ``<benchmark>/T<temperature>`` (``humaneval/T0``): of ngram's bars in a report,
+    of the manifest's headline metrics, and of a prior file's bars, however the temperature was written."""
+    return f"{benchmark}/T{float(temperature):g}"
+
+
 def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The data-scaling study's decode results (``stage.evaluate``: evaluate records whose ``method`` is
     ``<label>@<tokens>``, beside ``vanilla`` and ``ngram``) as ``{"rows": [...], "ngram": {...}}``: one row per
@@ -393,7 +399,7 @@ def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[di
         for p in pts
         for lookup in (False, True)
     }
-    ngram = {f"{r['benchmark']}/T{r['temperature']:g}": r.get("speedup") for r in records if r["method"] == "ngram"}
+    ngram = {panel_key(r["benchmark"], r["temperature"]): r.get("speedup") for r in records if r["method"] == "ngram"}
     rows = []
     for r in records:
         if r["method"] not in where:
@@ -404,7 +410,7 @@ def wall_clock_rows(records: Sequence[dict[str, Any]], points: dict[str, list[di
             "temperature": r["temperature"], "speedup": r.get("speedup"),
             "accepted_per_cycle": r.get("accepted_per_cycle"), "lossless": r.get("lossless"),
             "check": (r.get("lossless_check") or {}).get("check"), "prompts": r.get("prompts"),
-            "ngram": ngram.get(f"{r['benchmark']}/T{r['temperature']:g}"),
+            "ngram": ngram.get(panel_key(r["benchmark"], r["temperature"])),
             **({"evaluate": r["evaluate"]} if r.get("evaluate") else {}),
         })  # fmt: skip
     rows.sort(key=lambda x: (x["benchmark"], x["temperature"], x["method"], x["data_size"]))
@@ -428,7 +434,7 @@ def with_prior_rows(wall: dict[str, Any], prior: Sequence[dict[str, Any]]) -> di
             continue
         have.add(row_at(r))
         rows.append(r)
-        key = f"{r['benchmark']}/T{float(r['temperature']):g}"
+        key = panel_key(r["benchmark"], r["temperature"])
         if r.get("ngram") is not None and key not in wall["ngram"] and r["data_size"] > largest.get(key, -1):
             ngram[key], largest[key] = r["ngram"], r["data_size"]
     rows.sort(key=lambda x: (x["benchmark"], x["temperature"], x["method"], x["data_size"]))
@@ -439,7 +445,7 @@ def ngram_span(wall: dict[str, Any], bench: str, temperature: float) -> tuple[fl
     """The lowest and highest ngram speedup of the decode runs behind a panel's rows (each row carries its run's),
     with the report's bar: rows of several sittings were each timed against their own vanilla and ngram."""
     bars = [r.get("ngram") for r in wall["rows"] if (r["benchmark"], r["temperature"]) == (bench, temperature)]
-    bars = [b for b in [*bars, wall["ngram"].get(f"{bench}/T{temperature:g}")] if _number(b)]
+    bars = [b for b in [*bars, wall["ngram"].get(panel_key(bench, temperature))] if _number(b)]
     return (min(bars), max(bars)) if bars else None
 
 
@@ -460,7 +466,7 @@ def speedup_figure(wall: dict[str, Any], path: str | Path) -> Path | None:
             if mine:
                 ax.plot([x for x, _ in mine], [y for _, y in mine], marker="o", color=f"C{i}", label=label)
         ax.axhline(1.0, color="grey", lw=1, label="break-even (vanilla)")
-        bar, span = wall["ngram"].get(f"{bench}/T{temperature:g}"), ngram_span(wall, bench, temperature)
+        bar, span = wall["ngram"].get(panel_key(bench, temperature)), ngram_span(wall, bench, temperature)
         if bar is not None:
             ax.axhline(bar, color="black", ls="--", lw=1, label=f"ngram (no training): {bar:.2f}x")
         if span is not None and span[1] > span[0]:  # decodes of several sittings: each run's own ngram
@@ -560,7 +566,7 @@ def wall_clock_lines(summary: dict[str, Any]) -> list[str]:
         mine = [r for r in rows if (r["benchmark"], r["temperature"]) == (bench, temperature)]
         sizes = sorted({r["data_size"] for r in mine})
         cells = {(r["method"], r["data_size"]): r for r in mine}
-        bar, span = wall["ngram"].get(f"{bench}/T{temperature:g}"), ngram_span(wall, bench, temperature)
+        bar, span = wall["ngram"].get(panel_key(bench, temperature)), ngram_span(wall, bench, temperature)
         spread = f"; {span[0]:.2f}-{span[1]:.2f}x over the runs" if span and span[1] > span[0] else ""
         lines += [
             "",

@@ -378,7 +378,7 @@ def _headline(summary: dict[str, Any]) -> dict[str, Any]:
     for key, bar in wall.get("ngram", {}).items():
         out[f"speedup/ngram/{key}"] = bar
     for r in wall.get("rows", []):
-        key = f"best_speedup/{r['benchmark']}/T{r['temperature']:g}"
+        key = f"best_speedup/{scaling_report.panel_key(r['benchmark'], r['temperature'])}"
         if r["speedup"] is not None and r["speedup"] > (out.get(key) or 0):
             out[key] = r["speedup"]
     return out

@@ -31,7 +31,7 @@ from streakline.artifacts import read_manifest, write_text_atomic
 from streakline.config import ConfigError, compose_config
 from streakline.errors import UserError
 from streakline.evaluation import scaling as scaling_report
-from streakline.evaluation.scaling import point_name
+from streakline.evaluation.scaling import panel_key, point_name
 from streakline.locks import update_lock
 
 from .lookup import stage_overrides
@@ -223,11 +223,11 @@ def _prior_files(cfg: DictConfig) -> list[tuple[str, Path]]:
     return ([("stage.ledger", Path(s.ledger))] if s.ledger else []) + [("stage.prior", Path(n)) for n in s.prior]
 
 
-def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The points of ``stage.ledger``'s file and ``stage.prior``'s files (each a ``scaling.json`` of an earlier study,
-    or a file of its shape), each marked ``prior: <file name>``, checked against this study: the same metric and
-    model, every point whole. Refuses (naming the file and the fix) a file that is not JSON or does not match, and a
-    prior file that is missing; a missing ledger is one this study starts."""
+def _checked_files(cfg: DictConfig) -> list[tuple[str, Path, dict[str, Any]]]:
+    """``(setting, path, contents)`` of ``stage.ledger``'s file and ``stage.prior``'s files, each checked against this
+    study: a scaling.json (or a file of its shape) of the same metric and model. Refuses (naming the file and the
+    fix) a file that is not JSON or does not match, and a prior file that is missing; a missing ledger is one this
+    study starts."""
     s, out = cfg.stage, []
     if (s.prior or s.ledger) and not s.token_sizes:
         setting = "stage.prior adds earlier points to" if s.prior else "stage.ledger records"
@@ -245,6 +245,16 @@ def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
         model = (summary.get("setup") or {}).get("model")
         if model is not None and model != cfg.model.name:
             raise ConfigError(f"{setting}: {path} measured model={model}, this study model={cfg.model.name}")
+        out.append((setting, path, summary))
+    return out
+
+
+def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
+    """The points of ``stage.ledger``'s file and ``stage.prior``'s files (each a ``scaling.json`` of an earlier study,
+    or a file of its shape), each marked ``prior: <file name>``, in the files' order; the files are checked by
+    :func:`_checked_files`, and a point that lacks a field is refused, naming the file."""
+    out = []
+    for setting, path, summary in _checked_files(cfg):
         for i, p in enumerate(summary["acceptance"]):
             bad = [k for k in PRIOR_KEYS if not isinstance(p, dict) or p.get(k) is None]
             if bad:
@@ -259,22 +269,20 @@ def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
 
 
 def read_prior_rows(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The decoded rows (wall-clock speedup of a point's drafter) of ``stage.ledger``'s and ``stage.prior``'s files,
-    each marked ``prior: <file name>``, in the files' order: a ledger keeps them as a list (``wall_clock``), an
-    earlier report as ``{"rows", "ngram"}``, whose bar each row then carries. Files were checked by
-    :func:`read_prior`; a row that lacks a field the report draws is refused, naming the file."""
+    """The decoded rows (wall-clock speedup of a point's drafter) of the same files, each marked ``prior: <file
+    name>``, in the files' order: a ledger keeps them as a list (``wall_clock``), an earlier report as ``{"rows",
+    "ngram"}``, whose bar each row then carries. A row that lacks a field the report draws is refused, naming the
+    file."""
     out = []
-    for setting, path in _prior_files(cfg):
-        if setting == "stage.ledger" and not path.exists():
-            continue
-        wall = _read_points_file(setting, path).get("wall_clock") or []
+    for setting, path, summary in _checked_files(cfg):
+        wall = summary.get("wall_clock") or []
         rows = wall.get("rows") or [] if isinstance(wall, dict) else wall
         bars = wall.get("ngram") or {} if isinstance(wall, dict) else {}
         for i, r in enumerate(rows):
             bad = [k for k in ROW_KEYS if not isinstance(r, dict) or k not in r]
             if bad:
                 raise ConfigError(f"{setting}: {path}: decoded row {i} lacks {bad} (each needs {list(ROW_KEYS)})")
-            bar = bars.get(f"{r['benchmark']}/T{float(r['temperature']):g}")
+            bar = bars.get(panel_key(r["benchmark"], r["temperature"]))
             out.append({"ngram": bar, **r, "data_size": int(r["data_size"]), "prior": r.get("prior") or path.name})
     return out
 
