@@ -11,6 +11,7 @@ actors with ``launcher=ray`` (one :class:`EvalWorker` each, models built once pe
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class EvalWorker:
         self._models: dict[str, Any] = {}
         self.eos = {role: job["eos"].get(role) for role in ("verifier", "target")}
         self._trained: dict[str | None, dict[str, float | None]] = {}
+        self._warm: dict[str, float] = {}  # method name -> seconds of its untimed warm-up decode
 
     def model(self, role: str, path: str | None = None, dtype: torch.dtype | None = None):
         """The model of ``role`` (at ``path`` if given), built once. The verifier and the drafter run in the
@@ -104,6 +106,7 @@ class EvalWorker:
                     continue  # no artifact for this temperature (discovery said why)
                 decode = self._block if fam == "block" else self._speculative
                 try:
+                    self._warm_up(decode, method, prompts, float(temperature))
                     run, settings = decode(method, prompts, float(temperature))
                 except PositionLimitError as e:  # evaluate's own setting, not stage=decode's
                     raise PositionLimitError(str(e).replace(NEW_TOKENS_KNOB, "stage.max_new_tokens")) from e
@@ -120,11 +123,25 @@ class EvalWorker:
                     "prompts": len(prompts),
                     "tokens": run.tokens,
                     **run.metrics,
+                    **({"warmup_s": self._warm[method.name]} if method.name in self._warm else {}),
                 }
                 if fam == "speculative" and temperature > 0:
                     row["logprobs"] = sequence_logprobs(self.model("verifier"), prompts, run.tokens)
                 out.append(row)
         return out
+
+    def _warm_up(self, decode, method: EvalMethod, prompts, temperature: float) -> None:
+        """Before a method's first timed decode, decode its first prompt for ``stage.warmup_tokens`` new tokens,
+        untimed: the costs of a model's first calls (oneDNN primitives and weight reorders, allocator growth, a GPU
+        engine's graph capture) then fall on no row. Without it the verifier's fall on vanilla's first benchmark,
+        inflating every speedup measured against it, and a drafter's on its method's first. Outputs are unchanged:
+        every decode seeds its own generators."""
+        n = min(int(self.cfg.stage.get("warmup_tokens", 0)), int(self.cfg.stage.max_new_tokens))
+        if n < 1 or method.name in self._warm or not prompts:
+            return
+        t0 = time.perf_counter()
+        decode(method, prompts[:1], temperature, new_tokens=n)
+        self._warm[method.name] = time.perf_counter() - t0
 
     def _target_precision(self) -> str:
         from streakline.models.precision import precision_name
@@ -134,12 +151,12 @@ class EvalWorker:
     def _pick(self, method: EvalMethod) -> dict[str, Any]:
         return {k: method.override(k, self.cfg.decoder.get(k)) for k in DECODER_OVERRIDES}
 
-    def _block(self, method: EvalMethod, prompts, temperature: float):
+    def _block(self, method: EvalMethod, prompts, temperature: float, new_tokens: int | None = None):
         ev, pick = self.cfg.stage, self._pick(method)
         rule = method.decoder if method.decoder in BLOCK else pick["rule"]
         decode = block_decode_config(
-            self.cfg.decoder, eos_token_id=self.eos["target"], rule=rule, max_new_tokens=ev.max_new_tokens,
-            temperature=temperature, seed=self.cfg.seed,
+            self.cfg.decoder, eos_token_id=self.eos["target"], rule=rule,
+            max_new_tokens=new_tokens or ev.max_new_tokens, temperature=temperature, seed=self.cfg.seed,
         )  # fmt: skip
         drafter = None
         if method.decoder in BLOCK_DRAFTED:
@@ -153,14 +170,14 @@ class EvalWorker:
         settings = {"rule": rule, **({k: pick[k] for k in ("budget", "prune", "prefix_mass_floor")} if drafter else {})}
         return run, settings
 
-    def _speculative(self, method: EvalMethod, prompts, temperature: float):
+    def _speculative(self, method: EvalMethod, prompts, temperature: float, new_tokens: int | None = None):
         ev, pick = self.cfg.stage, self._pick(method)
         decoder = OmegaConf.merge(
             self.cfg.decoder,
             {
                 "name": method.decoder,
                 "temperature": temperature,
-                "max_new_tokens": ev.max_new_tokens,
+                "max_new_tokens": new_tokens or ev.max_new_tokens,
                 "K": pick["K"],
                 "gamma": pick["gamma"],
                 "drafter_temperature": pick["drafter_temperature"],
