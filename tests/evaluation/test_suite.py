@@ -13,9 +13,10 @@ METHODS = [EvalMethod("ar_draft", "ar_draft"), EvalMethod("ngram", "ngram"), Eva
 
 
 def _rows(root, warmup: int) -> list[dict]:
-    cfg = attach_world(compose_config(["stage=evaluate", "model=micro", f"run_root={root}", "stage.benchmarks=[tiny-math]",
-                          "stage.prompts=2", "stage.max_new_tokens=12", "stage.temperatures=[0.0, 1.0]",
-                          f"stage.warmup_tokens={warmup}"]), progress=False)  # fmt: skip
+    overrides = ["stage=evaluate", "model=micro", f"run_root={root}", "stage.benchmarks=[tiny-math]", "stage.prompts=2",
+                 "stage.max_new_tokens=12", "stage.temperatures=[0.0, 1.0]",
+                 f"stage.warmup_tokens={warmup}"]  # fmt: skip
+    cfg = attach_world(compose_config(overrides), progress=False)
     methods = with_references(METHODS)
     prompts, eos = evaluation_inputs(cfg, methods)
     job = {"cfg": OmegaConf.to_container(cfg, resolve=True), "methods": methods, "prompts": prompts, "eos": eos}
