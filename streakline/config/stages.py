@@ -98,7 +98,8 @@ class EvaluateStage(StageConfig):
     block: bool = True  # add static / threshold / spiffy / spot rows when their artifacts exist
     threads: int = 1  # torch threads per evaluation process (wall-clock numbers on a shared machine)
     # an untimed decode of each method's first prompt for this many new tokens before its timed runs, so that first-
-    # call costs (oneDNN primitives, allocator growth, graph capture) fall on no row (0: none; evaluation/suite.py)
+    # call costs (oneDNN primitives, allocator growth, graph capture) fall on no row; at most max_new_tokens // 4
+    # (0: none; evaluation/suite.py)
     warmup_tokens: int = 8
     figures: bool = True
     # a benchmark where one token id is more than this share of the reference's greedy output is degenerate and
