@@ -132,11 +132,10 @@ class EvalWorker:
 
     def _warm_up(self, decode, method: EvalMethod, prompts, temperature: float) -> None:
         """Before a method's first timed decode, decode its first prompt for ``stage.warmup_tokens`` new tokens (at
-        most a quarter of ``stage.max_new_tokens``),
-        untimed: the costs of a model's first calls (oneDNN primitives and weight reorders, allocator growth, a GPU
-        engine's graph capture) then fall on no row. Without it the verifier's fall on vanilla's first benchmark,
-        inflating every speedup measured against it, and a drafter's on its method's first. Outputs are unchanged:
-        every decode seeds its own generators."""
+        most a quarter of ``stage.max_new_tokens``), untimed: the costs of a model's first calls (oneDNN primitives and
+        weight reorders, allocator growth, a GPU engine's graph capture) then fall on no row. Without it the verifier's
+        fall on vanilla's first benchmark, inflating every speedup measured against it, and a drafter's on its
+        method's first. Outputs are unchanged: every decode seeds its own generators."""
         # at most a quarter of the timed decode's length: enough for the prefill, decode and verify shapes, and a
         # test-sized evaluate (a dozen tokens) does not decode a third more for it
         n = min(int(self.cfg.stage.get("warmup_tokens", 0)), max(1, int(self.cfg.stage.max_new_tokens) // 4))
