@@ -10,6 +10,9 @@ resolution::
 The YAML presets live in the repository's ``conf/`` (:data:`CONF_DIR`); docs/config.md explains them.
 """
 
+import copy
+import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -70,15 +73,42 @@ def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictCon
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    register_configs()
     args = rewrite_overrides(list(overrides), CONF_DIR)
     if GlobalHydra.instance().is_initialized():  # inside launch.py's app (stage=pipeline): compose in place
+        register_configs()
         cfg = as_schema(compose(config_name="config", overrides=args))
     else:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
-            cfg = as_schema(compose(config_name="config", overrides=args))
+        key = (_conf_fingerprint(CONF_DIR), tuple(args))
+        if key not in _COMPOSED:
+            register_configs()
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
+                _COMPOSED[key] = as_schema(compose(config_name="config", overrides=args))
+            while len(_COMPOSED) > _COMPOSED_KEPT:
+                _COMPOSED.popitem(last=False)
+        _COMPOSED.move_to_end(key)
+        cfg = copy.deepcopy(_COMPOSED[key])  # the caller's own: what it changes is not the next caller's
     cfg.overrides = args  # rewritten: a stage.<key> override is settings.<stage>.<key>, so chained stages read it right
     if check:
         validate(cfg)
         resolve_paths(cfg)
     return cfg
+
+
+# Composed configs, by the files composed from and the overrides: Hydra's composition and the schema merge take about
+# a quarter of a second on 2 CPU cores, and one process composes the same config many times (stage=pipeline and
+# stage=scaling compose every stage and every planned run; the test suite, thousands). Validation and path
+# resolution read the disk and the working directory, so they run on every call.
+_COMPOSED: "OrderedDict[tuple, DictConfig]" = OrderedDict()
+_COMPOSED_KEPT = 128
+
+
+def _conf_fingerprint(conf_dir: Path) -> int:
+    """The YAML files under ``conf_dir`` with their sizes and modification times: a file added, removed or edited
+    changes it, so a composed config is reused only while what it was composed from is unchanged."""
+    files = []
+    for folder, _, names in os.walk(conf_dir):
+        for name in names:
+            if name.endswith(".yaml"):
+                stat = os.stat(os.path.join(folder, name))
+                files.append((folder, name, stat.st_size, stat.st_mtime_ns))
+    return hash(tuple(sorted(files)))

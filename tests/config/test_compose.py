@@ -286,6 +286,35 @@ def test_role_swap_to_an_unknown_preset_lists_presets():
     assert "sdar-8b-b32" in str(info.value) and "model.target.path" in str(info.value)
 
 
+def test_a_composed_config_is_kept_until_a_conf_file_changes_and_each_caller_gets_its_own(tmp_path, monkeypatch):
+    """compose_config keeps what Hydra composed by the overrides and the conf/ files it was composed from: the same
+    overrides give the same config as a fresh composition, a caller's changes do not reach the next caller, and an
+    edited (or added) YAML file is composed afresh."""
+    import streakline.config as config
+
+    monkeypatch.chdir(tmp_path)
+    overrides = ["stage=evaluate", "model=micro", "run_root=out"]
+    kept = compose_config(overrides)
+    kept.stage.prompts = 999  # the caller's own copy
+    again = compose_config(overrides)
+    assert again.stage.prompts == 10
+    config._COMPOSED.clear()
+    fresh = compose_config(overrides)
+    assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(fresh)
+    assert OmegaConf.get_type(again.stage) is OmegaConf.get_type(fresh.stage) and OmegaConf.is_struct(again)
+    assert again.run_root == str(tmp_path / "out")  # paths are resolved on every call, against the working folder
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    monkeypatch.setattr(config, "CONF_DIR", conf)
+    assert compose_config(overrides).stage.prompts == 10
+    evaluate = conf / "stage" / "evaluate.yaml"
+    evaluate.write_text(evaluate.read_text() + "prompts: 3\n")
+    assert compose_config(overrides).stage.prompts == 3
+    (conf / "model" / "micro2.yaml").write_text((conf / "model" / "micro.yaml").read_text())
+    assert compose_config([*overrides[:1], "model=micro2", *overrides[2:]]).stage.prompts == 3
+
+
 def test_as_schema_rejects_keys_the_dataclass_lacks():
     with pytest.raises(Exception, match="foo"):
         as_schema({"trainer": {"foo": 1}})
