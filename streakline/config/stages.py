@@ -101,6 +101,9 @@ class EvaluateStage(StageConfig):
     # call costs (oneDNN primitives, allocator growth, graph capture) fall on no row; at most max_new_tokens // 4
     # (0: none; evaluation/suite.py)
     warmup_tokens: int = 8
+    # the methods take turns prompt batch by prompt batch, so a slow spell of a shared machine falls on all of them
+    # alike; false: each method decodes all its prompts before the next (in-process runs; evaluation/suite.py)
+    interleave: bool = True
     figures: bool = True
     # a benchmark where one token id is more than this share of the reference's greedy output is degenerate and
     # kept out of the headline table and the figures (docs/evaluation.md); 1.0 keeps every benchmark in

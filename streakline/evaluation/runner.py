@@ -29,9 +29,25 @@ from streakline.decoding.vanilla import left_pad
 class MethodRun:
     tokens: list[list[int]]  # per prompt
     metrics: dict[str, Any] = field(default_factory=dict)
+    # the counts the metrics were computed from, one per decode call (DecodeMetrics, or BlockCounts for a block
+    # decoder): merge_runs sums them, so a method decoded in several calls (evaluate's interleaved timing) reports
+    # what one call over all its prompts would
+    parts: list = field(default_factory=list, repr=False)
 
 
-def _chunks(items: list, size: int) -> list[list]:
+@dataclass
+class BlockCounts:
+    """What one ``decode_blocks`` call over a batch counted and took."""
+
+    nfe: int  # target forwards per row, summed: comparable across batch sizes
+    drafts: int  # draft states verified, summed over the call's forwards
+    forwards: int
+    drafting_s: float
+    wall_s: float
+
+
+def batches(items: list, size: int) -> list[list]:
+    """``items`` in consecutive batches of ``size`` (at least 1): the decode calls of one method over a prompt set."""
     size = max(1, size)
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -52,6 +68,14 @@ def merge_metrics(parts: list[DecodeMetrics]) -> DecodeMetrics:
     return total
 
 
+def merge_runs(runs: list[MethodRun]) -> MethodRun:
+    """One run of a method from its runs over consecutive batches of a prompt set, in order: the tokens joined, the
+    counts summed and the ratios taken of the sums, exactly as if one call had decoded every batch."""
+    tokens = [t for run in runs for t in run.tokens]
+    parts = [p for run in runs for p in run.parts]
+    return _speculative_run(tokens, parts) if isinstance(parts[0], DecodeMetrics) else _block_run(tokens, parts)
+
+
 def run_speculative(
     verifier,
     prompts: list[list[int]],
@@ -64,14 +88,18 @@ def run_speculative(
     """Decode ``prompts`` with the speculative decoder (``drafter`` None = vanilla); summed metrics."""
     tokens: list[list[int]] = []
     parts: list[DecodeMetrics] = []
-    for chunk in _chunks(prompts, batch_size):
+    for chunk in batches(prompts, batch_size):
         res = generate(verifier, chunk, spec, drafter=drafter, tokenizer=tokenizer)
         tokens.extend(res.tokens)
         parts.append(res.metrics)
+    return _speculative_run(tokens, parts)
+
+
+def _speculative_run(tokens: list[list[int]], parts: list[DecodeMetrics]) -> MethodRun:
     m = merge_metrics(parts)
     out = m.to_dict()
     out["nfe_per_token"] = m.nfe / m.new_tokens if m.new_tokens else 0.0
-    return MethodRun(tokens, out)
+    return MethodRun(tokens, out, parts)
 
 
 def run_block(
@@ -85,21 +113,24 @@ def run_block(
     """Decode ``prompts`` with a block-diffusion decoder (``drafter``: SPOT / Spiffy, None = draft-free)."""
     device = next(target.parameters()).device
     tokens: list[list[int]] = []
-    nfe = drafts = forwards = 0
-    drafting = 0.0
-    t0 = time.perf_counter()
-    for chunk in _chunks(prompts, batch_size):
+    parts: list[BlockCounts] = []
+    for chunk in batches(prompts, batch_size):
+        t0 = time.perf_counter()
         ids, mask = left_pad(chunk)
         res = decode_blocks(target, ids.to(device), mask.to(device), cfg, drafter=drafter)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
         tokens.extend(res.tokens)
-        nfe += sum(res.nfe_per_row)
-        drafts += sum(res.drafts_per_forward)
-        forwards += res.nfe
-        drafting += res.seconds_drafting
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
+        drafts = sum(res.drafts_per_forward)
+        parts.append(BlockCounts(sum(res.nfe_per_row), drafts, res.nfe, res.seconds_drafting, wall))
+    return _block_run(tokens, parts)
+
+
+def _block_run(tokens: list[list[int]], parts: list[BlockCounts]) -> MethodRun:
     new = sum(len(t) for t in tokens)
+    nfe, drafts = sum(p.nfe for p in parts), sum(p.drafts for p in parts)
+    forwards, wall = sum(p.forwards for p in parts), sum(p.wall_s for p in parts)
     return MethodRun(
         tokens,
         {
@@ -110,10 +141,11 @@ def run_block(
             "drafts_per_forward": drafts / forwards if forwards else 0.0,
             "wall_s": wall,
             "tokens_per_s": new / wall if wall > 0 else 0.0,
-            "drafting_s": drafting,
+            "drafting_s": sum(p.drafting_s for p in parts),
             "accepted_per_cycle": None,  # no drafter streak: a block decoder commits positions, not a chain
             "alpha": [],
         },
+        parts,
     )
 
 

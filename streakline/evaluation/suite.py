@@ -40,7 +40,7 @@ from streakline.decoding.vanilla import NEW_TOKENS_KNOB, PositionLimitError
 from .lossless import exact_check, sampled_check, tie_check
 from .methods import DECODER_OVERRIDES, EvalMethod
 from .results import DEGENERATE_SHARE, finalize
-from .runner import run_block, run_speculative, sequence_logprobs, tie_gap
+from .runner import MethodRun, batches, merge_runs, run_block, run_speculative, sequence_logprobs, tie_gap
 
 family = decoder_family  # "block" (the block-diffusion target's decoders) or "speculative" (the verifier's)
 
@@ -59,6 +59,7 @@ class EvalWorker:
         self.eos = {role: job["eos"].get(role) for role in ("verifier", "target")}
         self._trained: dict[str | None, dict[str, float | None]] = {}
         self._warm: dict[str, float] = {}  # method name -> seconds of its untimed warm-up decode
+        self.decodes: list[tuple[str, str, float, int]] = []  # (method, benchmark, temperature, prompts) per call
 
     def model(self, role: str, path: str | None = None, dtype: torch.dtype | None = None):
         """The model of ``role`` (at ``path`` if given), built once. The verifier and the drafter run in the
@@ -91,44 +92,96 @@ class EvalWorker:
         reference = self.model("verifier", dtype=torch.float32)
         return tie_gap(self.model("verifier"), reference, prompt, prefix, token, other)
 
-    def run(self, index: int) -> list[dict[str, Any]]:
+    def cells(self, index: int) -> list[tuple[str, float]]:
+        """The (benchmark, verifier temperature) pairs method ``index`` decodes, in the order its rows come."""
         method = self.methods[index]
-        fam = family(method.decoder)
-        out = []
         temps = list(self.cfg.stage.temperatures)
         if method.grid:
             temps = [self.cfg.stage.grid_temperature]
         elif method.temperature is not None:
             temps = [method.temperature]
-        for bench, prompts in self.prompts[fam].items():
-            for temperature in temps:
-                if isinstance(method.artifact, dict) and str(float(temperature)) not in method.artifact:
-                    continue  # no artifact for this temperature (discovery said why)
-                decode = self._block if fam == "block" else self._speculative
-                try:
-                    self._warm_up(decode, method, prompts, float(temperature))
-                    run, settings = decode(method, prompts, float(temperature))
-                except PositionLimitError as e:  # evaluate's own setting, not stage=decode's
-                    raise PositionLimitError(str(e).replace(NEW_TOKENS_KNOB, "stage.max_new_tokens")) from e
-                row = {
-                    "method": method.name,
-                    "decoder": method.decoder,
-                    "family": fam,
-                    "drafter": method.drafter,
-                    "steps": method.steps,
-                    "benchmark": bench,
-                    "temperature": float(temperature),
-                    "settings": settings,
-                    "precision": self.precision() if fam == "speculative" else self._target_precision(),
-                    "prompts": len(prompts),
-                    "tokens": run.tokens,
-                    **run.metrics,
-                    **({"warmup_s": self._warm[method.name]} if method.name in self._warm else {}),
-                }
-                if fam == "speculative" and temperature > 0:
-                    row["logprobs"] = sequence_logprobs(self.model("verifier"), prompts, run.tokens)
-                out.append(row)
-        return out
+        return [
+            (bench, float(t))
+            for bench in self.prompts[family(method.decoder)]
+            for t in temps
+            # no artifact for this temperature (discovery said why)
+            if not (isinstance(method.artifact, dict) and str(float(t)) not in method.artifact)
+        ]
+
+    def run(self, index: int) -> list[dict[str, Any]]:
+        """Method ``index``'s rows: one per benchmark and temperature (what a Ray actor runs)."""
+        return self.run_all([index])
+
+    def run_all(self, indices: list[int], *, interleave: bool = True, progress: bool = False) -> list[dict[str, Any]]:
+        """The rows of methods ``indices``, method by method in that order, each as :meth:`run` gives it.
+
+        With ``interleave`` the methods take turns: in each benchmark and temperature, every method decodes the
+        first batch of prompts (``stage.batch_size``), then every method the next, the first to go moving on by one
+        each batch. A slow spell of a shared machine then falls on all of them alike, where one method decoding all
+        its prompts before the next would take it alone and skew every speedup against it. The tokens and counts do
+        not change (every decode call seeds its own generators; the counts of the calls are summed); the order of
+        the calls is kept in ``self.decodes``. Without, each method decodes all its prompts before the next starts."""
+        if not interleave:
+            return [row for i in indices for row in self.run_all([i], progress=progress)]
+        cells: dict[tuple[str, str, float], list[int]] = {}  # (family, benchmark, temperature) -> its methods
+        for i in indices:
+            for bench, temperature in self.cells(i):
+                cells.setdefault((family(self.methods[i].decoder), bench, temperature), []).append(i)
+        size = self.cfg.stage.batch_size
+        total = sum(len(batches(self.prompts[fam][bench], size)) * len(ms) for (fam, bench, _), ms in cells.items())
+        runs: dict[tuple[int, str, float], list[MethodRun]] = {}
+        settings: dict[tuple[int, str, float], dict] = {}
+        turn = 0
+        with tqdm(total=total, desc="evaluate", unit="decode", dynamic_ncols=True, disable=not progress) as bar:
+            for (fam, bench, temperature), members in cells.items():
+                prompts = self.prompts[fam][bench]
+                for batch in batches(prompts, size):
+                    first = turn % len(members)
+                    turn += 1
+                    for i in members[first:] + members[:first]:
+                        run, settings[i, bench, temperature] = self._decode(i, prompts, batch, temperature)
+                        runs.setdefault((i, bench, temperature), []).append(run)
+                        self.decodes.append((self.methods[i].name, bench, temperature, len(batch)))
+                        bar.update()
+        return [
+            self._row(i, bench, t, merge_runs(runs[i, bench, t]), settings[i, bench, t])
+            for i in indices
+            for bench, t in self.cells(i)
+        ]
+
+    def _decode(self, index: int, prompts: list, batch: list, temperature: float):
+        """Method ``index`` on one ``batch`` of a benchmark's ``prompts`` (warmed up first on the benchmark's first
+        prompt if it has not been): ``(MethodRun, settings)``."""
+        method = self.methods[index]
+        decode = self._block if family(method.decoder) == "block" else self._speculative
+        try:
+            self._warm_up(decode, method, prompts, temperature)
+            return decode(method, batch, temperature)
+        except PositionLimitError as e:  # evaluate's own setting, not stage=decode's
+            raise PositionLimitError(str(e).replace(NEW_TOKENS_KNOB, "stage.max_new_tokens")) from e
+
+    def _row(self, index: int, bench: str, temperature: float, run: MethodRun, settings: dict) -> dict[str, Any]:
+        method = self.methods[index]
+        fam = family(method.decoder)
+        prompts = self.prompts[fam][bench]
+        row = {
+            "method": method.name,
+            "decoder": method.decoder,
+            "family": fam,
+            "drafter": method.drafter,
+            "steps": method.steps,
+            "benchmark": bench,
+            "temperature": temperature,
+            "settings": settings,
+            "precision": self.precision() if fam == "speculative" else self._target_precision(),
+            "prompts": len(prompts),
+            "tokens": run.tokens,
+            **run.metrics,
+            **({"warmup_s": self._warm[method.name]} if method.name in self._warm else {}),
+        }
+        if fam == "speculative" and temperature > 0:
+            row["logprobs"] = sequence_logprobs(self.model("verifier"), prompts, run.tokens)
+        return row
 
     def _warm_up(self, decode, method: EvalMethod, prompts, temperature: float) -> None:
         """Before a method's first timed decode, decode its first prompt for ``stage.warmup_tokens`` new tokens (at
@@ -337,8 +390,9 @@ def evaluate_methods(cfg: DictConfig, methods: list[EvalMethod], prompts: dict, 
 
 
 def _evaluate_all(cfg: DictConfig, job: dict, methods: list[EvalMethod]) -> tuple[list[dict], EvalWorker | None]:
-    """Every method's rows, and the in-process worker that ran them (None when they ran on Ray)."""
-    rows: list[dict] = []
+    """Every method's rows, and the in-process worker that ran them (None when they ran on Ray). In process the
+    methods take turns batch by batch (``stage.interleave``, :meth:`EvalWorker.run_all`); on Ray each actor decodes
+    whole methods, side by side with the others."""
     if cfg.launcher.name == "ray" and len(methods) > 1:
         from streakline.launch.ray_pool import run_on_ray
 
@@ -352,10 +406,7 @@ def _evaluate_all(cfg: DictConfig, job: dict, methods: list[EvalMethod]) -> tupl
             address=cfg.launcher.ray_address,
             gpus_per_worker=1 if torch.cuda.is_available() else 0,
         )
-        for i in range(len(methods)):
-            rows.extend(results[i])
-        return rows, None
+        return [row for i in range(len(methods)) for row in results[i]], None
     worker = EvalWorker(job)
-    for i in tqdm(range(len(methods)), desc="evaluate", unit="method", dynamic_ncols=True):
-        rows.extend(worker.run(i))
-    return rows, worker
+    interleave = bool(cfg.stage.get("interleave", True))
+    return worker.run_all(list(range(len(methods))), interleave=interleave, progress=True), worker
