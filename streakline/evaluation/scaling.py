@@ -214,7 +214,7 @@ def acceptance_figure(
     for i, (loss, pts) in enumerate(points.items()):
         color = f"C{i}"
         for j, size in enumerate(sizes):
-            for prior in (False, True):  # an earlier sitting's point (stage.prior) is drawn hollow
+            for prior in (False, True):  # an earlier sitting's point (stage.ledger or stage.prior) is drawn hollow
                 mine = [p for p in pts if p["data_size"] == size and bool(p.get("prior")) == prior]
                 if mine:
                     face = "none" if prior else color
@@ -229,9 +229,8 @@ def acceptance_figure(
         else:
             ax.plot([], [], color=color, label=f"{label} (no fit)")
     if any(p.get("prior") for pts in points.values() for p in pts):
-        ax.scatter(
-            [], [], marker="o", s=28, edgecolors="black", facecolors="none", label="earlier sitting (stage.prior)"
-        )
+        label = "earlier sitting (stage.ledger / stage.prior)"
+        ax.scatter([], [], marker="o", s=28, edgecolors="black", facecolors="none", label=label)
     for j, size in enumerate([] if by_tokens else sizes):  # the marker legend: data sizes, in black
         ax.scatter([], [], color="black", marker=markers[j % len(markers)], s=28, label=f"{size} prompts")
     ax.set_xscale("log")
