@@ -73,14 +73,13 @@ def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictCon
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    register_configs()
     args = rewrite_overrides(list(overrides), CONF_DIR)
     if GlobalHydra.instance().is_initialized():  # inside launch.py's app (stage=pipeline): compose in place
-        register_configs()
         cfg = as_schema(compose(config_name="config", overrides=args))
     else:
         key = (_conf_fingerprint(CONF_DIR), tuple(args))
         if key not in _COMPOSED:
-            register_configs()
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
                 _COMPOSED[key] = as_schema(compose(config_name="config", overrides=args))
             while len(_COMPOSED) > _COMPOSED_KEPT:
