@@ -123,7 +123,7 @@ class Scaling(Stage):
         settings = stage_settings(cfg)
         settings.pop("prior", None)  # what the files say (below), not where they lie
         settings.pop("ledger", None)
-        points = data_scaling.read_prior(cfg)  # [] without files: earlier reports keep their folders
+        points = data_scaling.read_prior(cfg).points  # [] without files: earlier reports keep their folders
         if points:
             settings["prior"] = config_hash(points)
         return {"scaling": settings, **plain, **autocast_part(cfg), "seed": cfg.seed, "recipe": RECIPE}
@@ -152,15 +152,16 @@ class Scaling(Stage):
                 f"{commands} (bash {commands}), and once they are done rerun this command"
             )
         scaling_report.add_efficiency(rows)
+        prior = data_scaling.read_prior(cfg) if by_tokens else None  # earlier sittings' points and decodes
         if by_tokens:  # the study at a glance before hours of training: what is cached, what will run
-            for line in data_scaling.study_plan(cfg, finished_distill):
+            for line in data_scaling.study_plan(cfg, finished_distill, prior):
                 print(f"scaling: {line}", flush=True)
         points = data_scaling.token_points(cfg, run_stage) if by_tokens else _prompt_points(cfg)
         records = data_scaling.wall_clock(cfg, points, run_stage) if by_tokens and s.evaluate else []
         wall_clock = scaling_report.wall_clock_rows(records, points)
         if by_tokens:  # earlier sittings' points join the table, fits and figures, and their decodes the speedups
-            points = data_scaling.with_prior(cfg, points)
-            wall_clock = scaling_report.with_prior_rows(wall_clock, data_scaling.read_prior_rows(cfg))
+            points = data_scaling.with_prior(points, prior.points)
+            wall_clock = scaling_report.with_prior_rows(wall_clock, prior.rows)
         fits = {
             m: scaling_report.fit_power_law([p["label_tokens"] for p in pts], [p["value"] for p in pts])
             for m, pts in points.items()

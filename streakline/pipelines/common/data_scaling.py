@@ -3,11 +3,12 @@ point each gives, and the wall-clock decode of their drafters. The stage (``pipe
 arithmetic and figures are ``evaluation/scaling.py``'s.
 
     runs = token_runs(cfg)                   # [Run(label, method, size, seed, overrides), ...]
-    lines = study_plan(cfg, finished)        # printed first: each run found by its key or to train
+    prior = read_prior(cfg)                  # stage.ledger, stage.prior: earlier sittings' points and decoded rows
+    lines = study_plan(cfg, finished, prior)  # printed first: each run found by its key or to train
     points = token_points(cfg, run_stage)    # {label: [{"data_size", "seed", "value", "folder", ...}, ...]}
     rows = wall_clock(cfg, points, run_stage)   # stage.evaluate: speedup per point, beside vanilla and ngram
-    points = with_prior(cfg, points)         # stage.ledger, stage.prior: earlier sittings' points where this has none
-    prior_rows = read_prior_rows(cfg)        # and their decoded rows (scaling_report.with_prior_rows merges them)
+    points = with_prior(points, prior.points)  # the earlier points where this sitting has none
+    # prior.rows: their decodes (scaling_report.with_prior_rows merges them)
     write_ledger(cfg, summary["acceptance"], summary["wall_clock"]["rows"])  # stage.ledger: measured points, decodes
 
 A run is one loss of one recipe (an arm: ``stage.arms``, or the stage's own methods and run_overrides) at one
@@ -23,7 +24,7 @@ import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig
 
@@ -109,10 +110,10 @@ def run_overrides(cfg: DictConfig, run: Run, method: str | None = None) -> list[
     return stage_overrides(cfg, f"distill {shlex.join(words)}")[1]
 
 
-def study_plan(cfg: DictConfig, finished) -> list[str]:
+def study_plan(cfg: DictConfig, finished, prior: Prior) -> list[str]:
     """What the study is about to do, a line each, before any run trains: every :func:`token_runs` run found by its
     key (``finished``: a composed distill config -> its complete folder or None) or to be trained, with its
-    adaptation where its arm has one, and the earlier sittings' points ``stage.ledger`` and ``stage.prior`` add. A
+    adaptation where its arm has one, and how many earlier sittings' points ``prior`` (:func:`read_prior`) adds. A
     run whose config cannot be looked up yet (its adaptation is not made) is one to train."""
 
     def found(overrides: list[str]) -> Path | None:
@@ -131,9 +132,9 @@ def study_plan(cfg: DictConfig, finished) -> list[str]:
             adapted = found(run_overrides(cfg, run, run.adapt)) is not None
             row += f" (from its {run.adapt} adaptation, {'found' if adapted else 'to train'})"
         rows.append(row)
-    prior = len(read_prior(cfg))
+    n_prior = len(prior.points)
     head = f"{len(runs)} distill run(s): {len(runs) - todo} found by their keys, {todo} to train"
-    head += f"; {prior} point(s) of earlier sittings from stage.ledger / stage.prior" if prior else ""
+    head += f"; {n_prior} point(s) of earlier sittings from stage.ledger / stage.prior" if n_prior else ""
     return [head, *rows]
 
 
@@ -249,41 +250,53 @@ def _checked_files(cfg: DictConfig) -> list[tuple[str, Path, dict[str, Any]]]:
     return out
 
 
-def read_prior(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The points of ``stage.ledger``'s file and ``stage.prior``'s files (each a ``scaling.json`` of an earlier study,
-    or a file of its shape), each marked ``prior: <file name>``, in the files' order; the files are checked by
-    :func:`_checked_files`, and a point that lacks a field is refused, naming the file."""
-    out = []
+class Prior(NamedTuple):
+    """What ``stage.ledger``'s and ``stage.prior``'s files say, read once (:func:`read_prior`)."""
+
+    points: list[dict[str, Any]]  # acceptance points, each marked ``prior: <file name>``, in the files' order
+    rows: list[dict[str, Any]]  # decoded rows (a point's drafter's wall-clock speedup), marked alike
+
+
+def read_prior(cfg: DictConfig) -> Prior:
+    """The points and decoded rows of ``stage.ledger``'s file and ``stage.prior``'s files (each a ``scaling.json`` of
+    an earlier study, or a file of its shape), each marked ``prior: <file name>``, in the files' order; the files are
+    checked by :func:`_checked_files`, and a point or row that lacks a field is refused, naming the file. A ledger
+    keeps its rows as a list (``wall_clock``), an earlier report as ``{"rows", "ngram"}``, whose bar each row then
+    carries. Each file is read once: the stage calls this once to check the files, once for its key and once to
+    run."""
+    points, rows = [], []
     for setting, path, summary in _checked_files(cfg):
-        for i, p in enumerate(summary["acceptance"]):
-            bad = [k for k in PRIOR_KEYS if not isinstance(p, dict) or p.get(k) is None]
-            if bad:
-                raise ConfigError(f"{setting}: {path}: point {i} lacks {bad} (each needs {list(PRIOR_KEYS)})")
-            size = int(p["data_size"])
-            out.append({
-                "loss": p.get("loss", p["method"]), "step": p.get("step"), "label_tokens": p.get("label_tokens", size),
-                "folder": p.get("folder"), **p, "data_size": size, "seed": int(p["seed"]),
-                "prior": p.get("prior") or path.name,
-            })  # fmt: skip
+        points += _prior_points(setting, path, summary)
+        rows += _prior_rows(setting, path, summary)
+    return Prior(points, rows)
+
+
+def _prior_points(setting: str, path: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for i, p in enumerate(summary["acceptance"]):
+        bad = [k for k in PRIOR_KEYS if not isinstance(p, dict) or p.get(k) is None]
+        if bad:
+            raise ConfigError(f"{setting}: {path}: point {i} lacks {bad} (each needs {list(PRIOR_KEYS)})")
+        size = int(p["data_size"])
+        out.append({
+            "loss": p.get("loss", p["method"]), "step": p.get("step"), "label_tokens": p.get("label_tokens", size),
+            "folder": p.get("folder"), **p, "data_size": size, "seed": int(p["seed"]),
+            "prior": p.get("prior") or path.name,
+        })  # fmt: skip
     return out
 
 
-def read_prior_rows(cfg: DictConfig) -> list[dict[str, Any]]:
-    """The decoded rows (wall-clock speedup of a point's drafter) of the same files, each marked ``prior: <file
-    name>``, in the files' order: a ledger keeps them as a list (``wall_clock``), an earlier report as ``{"rows",
-    "ngram"}``, whose bar each row then carries. A row that lacks a field the report draws is refused, naming the
-    file."""
+def _prior_rows(setting: str, path: Path, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    wall = summary.get("wall_clock") or []
+    rows = wall.get("rows") or [] if isinstance(wall, dict) else wall
+    bars = wall.get("ngram") or {} if isinstance(wall, dict) else {}
     out = []
-    for setting, path, summary in _checked_files(cfg):
-        wall = summary.get("wall_clock") or []
-        rows = wall.get("rows") or [] if isinstance(wall, dict) else wall
-        bars = wall.get("ngram") or {} if isinstance(wall, dict) else {}
-        for i, r in enumerate(rows):
-            bad = [k for k in ROW_KEYS if not isinstance(r, dict) or k not in r]
-            if bad:
-                raise ConfigError(f"{setting}: {path}: decoded row {i} lacks {bad} (each needs {list(ROW_KEYS)})")
-            bar = bars.get(panel_key(r["benchmark"], r["temperature"]))
-            out.append({"ngram": bar, **r, "data_size": int(r["data_size"]), "prior": r.get("prior") or path.name})
+    for i, r in enumerate(rows):
+        bad = [k for k in ROW_KEYS if not isinstance(r, dict) or k not in r]
+        if bad:
+            raise ConfigError(f"{setting}: {path}: decoded row {i} lacks {bad} (each needs {list(ROW_KEYS)})")
+        bar = bars.get(panel_key(r["benchmark"], r["temperature"]))
+        out.append({"ngram": bar, **r, "data_size": int(r["data_size"]), "prior": r.get("prior") or path.name})
     return out
 
 
@@ -299,13 +312,13 @@ def _read_points_file(setting: str, path: Path) -> dict[str, Any]:
     return summary
 
 
-def with_prior(cfg: DictConfig, points: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
-    """``points`` and every point of ``stage.ledger``'s and ``stage.prior``'s files (:func:`read_prior`) of a (line,
-    size, seed) this study did not measure: what runs now wins, and the first file that gives a point wins over the
-    later ones (the ledger first)."""
+def with_prior(points: dict[str, list[dict[str, Any]]], prior: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """``points`` and every point of ``prior`` (:func:`read_prior`'s, of ``stage.ledger``'s and ``stage.prior``'s
+    files) of a (line, size, seed) this study did not measure: what runs now wins, and the first file that gives a
+    point wins over the later ones (the ledger first)."""
     have = {(p["method"], p["data_size"], p["seed"]) for pts in points.values() for p in pts}
     out, grown = {label: list(pts) for label, pts in points.items()}, set()
-    for p in read_prior(cfg):
+    for p in prior:
         at = (p["method"], p["data_size"], p["seed"])
         if at not in have:
             have.add(at)
