@@ -70,7 +70,7 @@ def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictCon
     With ``check`` (the default) the result is validated and its paths made absolute. Must not be called
     while a Hydra app is running in this process (Hydra's global state is then already initialised).
     """
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
@@ -78,12 +78,11 @@ def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictCon
     if GlobalHydra.instance().is_initialized():  # inside launch.py's app (stage=pipeline): compose in place
         cfg = as_schema(compose(config_name="config", overrides=args))
     else:
-        key = (_conf_fingerprint(CONF_DIR), tuple(args))
+        fingerprint = _conf_fingerprint(CONF_DIR)
+        key = (fingerprint, tuple(args))
         if key not in _COMPOSED:
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
-                _COMPOSED[key] = as_schema(compose(config_name="config", overrides=args))
-            while len(_COMPOSED) > _COMPOSED_KEPT:
-                _COMPOSED.popitem(last=False)
+            _COMPOSED[key] = as_schema(_composed_from_parts(fingerprint, args))
+            _trim(_COMPOSED)
         _COMPOSED.move_to_end(key)
         cfg = copy.deepcopy(_COMPOSED[key])  # the caller's own: what it changes is not the next caller's
     cfg.overrides = args  # rewritten: a stage.<key> override is settings.<stage>.<key>, so chained stages read it right
@@ -99,6 +98,67 @@ def compose_config(overrides: Sequence[str] = (), check: bool = True) -> DictCon
 # resolution read the disk and the working directory, so they run on every call.
 _COMPOSED: "OrderedDict[tuple, DictConfig]" = OrderedDict()
 _COMPOSED_KEPT = 128
+
+
+_FILES_COMPOSED: "OrderedDict[tuple, DictConfig]" = OrderedDict()  # Hydra's own result, by the group overrides
+
+
+def _trim(kept: OrderedDict) -> None:
+    while len(kept) > _COMPOSED_KEPT:
+        kept.popitem(last=False)
+
+
+def _composed_from_parts(fingerprint: int, args: list[str]) -> DictConfig:
+    """What Hydra composes from ``args`` (rewritten), before the schema merge: the files the group overrides pick,
+    composed once (:data:`_FILES_COMPOSED`), then the value overrides applied to a copy as Hydra applies them. Most
+    configs one process composes differ only in values (a test's ``run_root``, a study run's token size), and
+    composing the files is most of the cost. Where the split would not be exactly Hydra's order (a ``+key`` or
+    ``~key`` among them, a sweep) or a value does not apply, Hydra composes the whole, and says what is wrong."""
+    from hydra import compose, initialize_config_dir
+
+    def hydra_compose(overrides: list[str]) -> DictConfig:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
+            return compose(config_name="config", overrides=overrides)
+
+    split = _split_overrides(args)
+    if split is None:
+        return hydra_compose(args)
+    groups, values = split
+    key = (fingerprint, tuple(groups))
+    if key not in _FILES_COMPOSED:
+        _FILES_COMPOSED[key] = hydra_compose(groups)
+        _trim(_FILES_COMPOSED)
+    _FILES_COMPOSED.move_to_end(key)
+    cfg = copy.deepcopy(_FILES_COMPOSED[key])
+    try:
+        for override in values:  # in order, after every file, as Hydra's config loader applies them
+            force = override.is_force_add()
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True, force_add=force)
+    except Exception:  # noqa: BLE001 - Hydra composes it again and raises its own, clearer error
+        return hydra_compose(args)
+    return cfg
+
+
+def _split_overrides(args: list[str]) -> tuple[list[str], list] | None:
+    """``(group overrides, parsed value overrides)`` of ``args``, or None where composing them apart would not be
+    Hydra's composition: Hydra picks the files by the group overrides, then applies every other override in
+    order, so group overrides plus ``key=value`` and ``++key=value`` overrides split exactly; ``+key`` (which fails
+    on an existing key), ``~key``, sweeps and ``hydra.*`` keys stay with Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=args)
+    except Exception:  # noqa: BLE001 - Hydra's own parse error, from Hydra
+        return None
+    groups, values = [], []
+    for arg, o in zip(args, parsed, strict=True):
+        if o.is_sweep_override() or o.is_add() or o.is_delete() or o.key_or_group.startswith("hydra"):
+            return None
+        if o.package is not None or "/" in o.key_or_group or (CONF_DIR / o.key_or_group).is_dir():
+            groups.append(arg)
+        else:
+            values.append(o)
+    return groups, values
 
 
 def _conf_fingerprint(conf_dir: Path) -> int:

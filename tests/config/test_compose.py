@@ -299,6 +299,7 @@ def test_a_composed_config_is_kept_until_a_conf_file_changes_and_each_caller_get
     again = compose_config(overrides)
     assert again.stage.prompts == 10
     config._COMPOSED.clear()
+    config._FILES_COMPOSED.clear()
     fresh = compose_config(overrides)
     assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(fresh)
     assert OmegaConf.get_type(again.stage) is OmegaConf.get_type(fresh.stage) and OmegaConf.is_struct(again)
@@ -313,6 +314,41 @@ def test_a_composed_config_is_kept_until_a_conf_file_changes_and_each_caller_get
     assert compose_config(overrides).stage.prompts == 3
     (conf / "model" / "micro2.yaml").write_text((conf / "model" / "micro.yaml").read_text())
     assert compose_config([*overrides[:1], "model=micro2", *overrides[2:]]).stage.prompts == 3
+
+
+# Override lists whose values are applied on a kept composition of their files: plain values, lists, a list of
+# sections, a stage setting (rewritten to ++settings.<stage>.<key>), a role swap (a group override) among them.
+VALUE_CASES = [
+    ["stage=distill", "run_root=/tmp/a", "trainer.lr=3e-4", "seed=2"],
+    ["stage=spot", "model=micro", "stage.steps=20", "run_root=/tmp/b"],
+    ["stage=distill", "model=smol", "model.drafter=smol-dflash", "method=dpace", "trainer.train_tokens=1000"],
+    ["stage=pipeline", "experiment=smol_scaling", "data.max_prompts=36", "settings.scaling.token_sizes=[300,1000]",
+     "settings.scaling.arms=[{name:dflash,methods:[dflash_ce],run_overrides:['model.drafter=smol-dflash']}]"],
+    ["stage=evaluate", "model=micro", "stage.temperatures=[0.0]", "stage.methods=[{name:x,decoder:ngram}]"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", VALUE_CASES, ids=lambda v: " ".join(v)[:60])
+def test_values_applied_to_a_kept_composition_equal_hydras_own_composition(overrides):
+    """compose_config composes the files a list's group overrides pick once, and applies the value overrides to a
+    copy as Hydra does: the result is the config Hydra composes from the whole list, and a second list that differs
+    only in values composes no files again. A value Hydra refuses is refused with Hydra's own error."""
+    from streakline import config
+
+    args = rewrite_overrides(list(overrides), CONF_DIR)
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="streakline"):
+        whole = as_schema(compose(config_name="config", overrides=args))
+    got = compose_config(overrides, check=False)
+    whole.overrides = got.overrides  # compose_config records the rewritten list
+    assert OmegaConf.to_yaml(got) == OmegaConf.to_yaml(whole)
+    assert OmegaConf.get_type(got.stage) is OmegaConf.get_type(whole.stage) and OmegaConf.is_struct(got)
+
+    files = len(config._FILES_COMPOSED)
+    other = compose_config([*overrides, "run_root=/tmp/elsewhere", "seed=7"], check=False)
+    assert (other.run_root, other.seed) == ("/tmp/elsewhere", 7) and len(config._FILES_COMPOSED) == files
+    with pytest.raises(ConfigCompositionException, match="Error merging override seed=\\[1\\]"):
+        compose_config([*overrides, "seed=[1]"])
 
 
 def test_as_schema_rejects_keys_the_dataclass_lacks():
