@@ -18,7 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from streakline.config.overrides import OverrideError, rewrite_overrides
+from streakline.config.overrides import OverrideError, config_groups, rewrite_overrides
 from streakline.config.schema import STAGE_SCHEMAS, Config, register_configs
 from streakline.config.validate import ConfigError, check_world, resolve_paths, stage_settings_node, validate
 
@@ -150,11 +150,12 @@ def _split_overrides(args: list[str]) -> tuple[list[str], list] | None:
         parsed = OverridesParser.create().parse_overrides(overrides=args)
     except Exception:  # noqa: BLE001 - Hydra's own parse error, from Hydra
         return None
-    groups, values = [], []
+    on_disk, groups, values = set(config_groups(CONF_DIR)), [], []
     for arg, o in zip(args, parsed, strict=True):
-        if o.is_sweep_override() or o.is_add() or o.is_delete() or o.key_or_group.startswith("hydra"):
+        key = o.key_or_group
+        if o.is_sweep_override() or o.is_add() or o.is_delete() or key == "hydra" or key.startswith("hydra."):
             return None
-        if o.package is not None or "/" in o.key_or_group or (CONF_DIR / o.key_or_group).is_dir():
+        if o.package is not None or "/" in key or key in on_disk:  # a group, as rewrite_overrides tells them
             groups.append(arg)
         else:
             values.append(o)
