@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -346,9 +347,10 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
     if "acceptance" in figures:
         lines += ["", f"![accepted streak against training tokens]({Path(figures['acceptance']).name})"]
     if by_tokens:
-        lines += ["", f"| loss | training tokens | seed | steps | {metric} | run |", "|---|---|---|---|---|---|"]
+        lines += ["", f"| loss | training tokens | seed | steps | {metric} | set | run |", "|---" * 7 + "|"]
         lines += [f"| {p['method']} | {p['data_size']} | {p['seed']} | {p['step']} | {_f(p['value'], '.3f')} | "
-                  f"{_run(p)} |" for p in summary["acceptance"]]  # fmt: skip
+                  f"{_set(p) or '-'} | {_run(p)} |" for p in summary["acceptance"]]  # fmt: skip
+        lines += _set_lines(summary["acceptance"])
         prior = sorted({p["prior"] for p in summary["acceptance"] if p.get("prior")})
         if prior:
             lines += ["", "Points marked *prior* were measured by an earlier sitting (the files of `stage.ledger` and "
@@ -362,6 +364,29 @@ def _acceptance_lines(summary: dict[str, Any], by_tokens: bool) -> list[str]:
             f"{_f(p['value'], '.3f')} |"
         )
     return lines
+
+
+def _set(point: dict[str, Any]) -> str | None:
+    """The key of the trajectory set a point's run read (``set``): the 12 hex digits, also where a hand-written
+    ledger entry says it in words ("trajectories 1287dbe58e18: 1,200 prompts ..."); None where nothing says."""
+    found = re.search(r"\b[0-9a-f]{12}\b", str(point.get("set") or ""))
+    return found.group(0) if found else None
+
+
+def _set_lines(points: Sequence[dict[str, Any]]) -> list[str]:
+    """Where the points read more than one trajectory set, how many read each, and what that means: a larger subset
+    holds every row of a smaller one only within one set."""
+    counts: dict[str, int] = {}
+    for p in points:
+        key = _set(p) or "unknown"
+        counts[key] = counts.get(key, 0) + 1
+    if len(counts) < 2:
+        return []
+    each = ", ".join(f"`{k}` ({n})" if k != "unknown" else f"no set recorded ({n})" for k, n in counts.items())
+    return ["", f"The points read {len(counts)} trajectory sets: {each}. A larger subset holds every row of a smaller "
+            "one only within a set. A set's key is its settings and what it read, so another machine, another "
+            "precision or another package listing (`pkg-code` follows what is installed) samples another set, "
+            "and a line that spans sets changes its data as well as its size from point to point."]  # fmt: skip
 
 
 def _run(point: dict[str, Any]) -> str:

@@ -147,11 +147,14 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     assert len({p["folder"] for p in points}) == 4 and all(p["label_tokens"] == p["data_size"] for p in points)
     sets = {read_manifest(p["folder"]).config["trajectories"] for p in points}
     assert len(sets) == 1  # one trajectory set, read as subsets
+    assert {p["set"] for p in points} == {Path(s).parent.name for s in sets}  # each point names its set's key
     for p in points:
         m = read_manifest(p["folder"]).metrics
         assert p["value"] == m["best/sim_streak"] and p["step"] == m["steps"] <= 6
     text = (Path(result.folder) / "scaling.md").read_text()
-    assert "| loss | training tokens | seed | steps | sim_streak |" in text and "tokens for 2" in text
+    assert "| loss | training tokens | seed | steps | sim_streak | set | run |" in text and "tokens for 2" in text
+    assert f"| {points[0]['set']} | `{Path(points[0]['folder']).name}` |" in text
+    assert "trajectory sets" not in text  # one set: nothing to warn of
     assert "## Throughput" not in text
     # one line: its per-slot acceptance at its largest size, seed 0 (seed 1 beside it is the spread, not a line)
     assert set(result.details["figures"]) == {"acceptance", "slots"}
@@ -173,6 +176,8 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     earlier = json.loads((Path(result.folder) / "scaling.json").read_text())
     mine = next(p for p in earlier["acceptance"] if (p["data_size"], p["seed"]) == (40, 0))
     mine["value"] = -1.0  # the earlier report's copy of a point this sitting measures again: the run must win
+    other = next(p for p in earlier["acceptance"] if (p["data_size"], p["seed"]) == (120, 1))
+    other["set"] = "trajectories 0123456789ab: another machine's set, in words"  # a hand-written ledger entry
     ledger = root / "ledger.json"
     ledger.write_text(json.dumps(earlier))
 
@@ -193,7 +198,10 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     assert all(merged[k]["prior"] == "ledger.json" for k in ((40, 1), (120, 0), (120, 1)))
     fit = later.details["summary"]["fits"]["ce_streak"]
     assert fit is not None and fit["points"] == 4  # both sizes: the earlier sitting's reach the fit
-    assert "*prior: ledger.json*" in (Path(later.folder) / "scaling.md").read_text()
+    text = (Path(later.folder) / "scaling.md").read_text()
+    assert "*prior: ledger.json*" in text
+    # a point of another set: the report counts the points of each set and says they are not nested across sets
+    assert f"The points read 2 trajectory sets: `{mine['set']}` (3), `0123456789ab` (1)." in text
     ledger.write_text(json.dumps({**earlier, "acceptance": earlier["acceptance"][:1]}))  # edited: a new report
     assert not run_stage(later_cfg()).cached
     for text, match in (("{", "is not readable JSON"), (json.dumps({**earlier, "metric": "decoder_streak"}),

@@ -160,9 +160,16 @@ def token_points(cfg: DictConfig, run_stage) -> dict[str, list[dict[str, Any]]]:
         points.setdefault(run.label, []).append({
             "method": run.label, "loss": run.method, "data_size": run.size, "seed": run.seed,
             "step": manifest.metrics.get("steps"), "label_tokens": run.size, "value": value,
-            "folder": str(result.folder), **best_check(Path(result.folder), metric),
+            "folder": str(result.folder), **best_check(Path(result.folder), metric), "set": set_key(manifest),
         })  # fmt: skip
     return points
+
+
+def set_key(manifest) -> str | None:
+    """The key of the trajectory set a distill run read (the name of its folder, ``.../trajectories/<key>/shards``),
+    or None for a run that read none. Points of one set are nested subsets of it; points of two sets are not."""
+    trajectories = manifest.config.get("trajectories")
+    return Path(trajectories).parent.name if trajectories else None
 
 
 def best_check(folder: Path, metric: str) -> dict[str, Any]:
@@ -402,8 +409,8 @@ def ledger_point(point: dict[str, Any], metric: str) -> dict[str, Any]:
         return out
     manifest = read_manifest(folder)
     out.update(best_check(folder, metric))
-    trajectories = manifest.config.get("trajectories")
-    if trajectories:
-        out["set"] = Path(trajectories).parent.name  # .../trajectories/<key>/shards: the set's key
+    key = set_key(manifest)
+    if key:
+        out["set"] = key
     out.update(host=manifest.host, finished=manifest.finished_at, git_sha=manifest.git_sha)
     return out
