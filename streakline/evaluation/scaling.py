@@ -378,11 +378,12 @@ def _set_lines(points: Sequence[dict[str, Any]]) -> list[str]:
     holds every row of a smaller one only within one set."""
     counts: dict[str, int] = {}
     for p in points:
-        key = _set(p) or "unknown"
-        counts[key] = counts.get(key, 0) + 1
+        key = _set(p)
+        if key is not None:  # a point that names no set (an old ledger entry) neither makes nor breaks the count
+            counts[key] = counts.get(key, 0) + 1
     if len(counts) < 2:
         return []
-    each = ", ".join(f"`{k}` ({n})" if k != "unknown" else f"no set recorded ({n})" for k, n in counts.items())
+    each = ", ".join(f"`{k}` ({n})" for k, n in counts.items())
     return ["", f"The points read {len(counts)} trajectory sets: {each}. A larger subset holds every row of a smaller "
             "one only within a set. A set's key is its settings and what it read, so another machine, another "
             "precision or another package listing (`pkg-code` follows what is installed) samples another set, "

@@ -178,6 +178,7 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     mine["value"] = -1.0  # the earlier report's copy of a point this sitting measures again: the run must win
     other = next(p for p in earlier["acceptance"] if (p["data_size"], p["seed"]) == (120, 1))
     other["set"] = "trajectories 0123456789ab: another machine's set, in words"  # a hand-written ledger entry
+    next(p for p in earlier["acceptance"] if (p["data_size"], p["seed"]) == (40, 1)).pop("set")  # one that names none
     ledger = root / "ledger.json"
     ledger.write_text(json.dumps(earlier))
 
@@ -201,7 +202,7 @@ def test_token_sizes_read_nested_subsets_of_one_set_with_seeds_at_the_ends(micro
     text = (Path(later.folder) / "scaling.md").read_text()
     assert "*prior: ledger.json*" in text
     # a point of another set: the report counts the points of each set and says they are not nested across sets
-    assert f"The points read 2 trajectory sets: `{mine['set']}` (3), `0123456789ab` (1)." in text
+    assert f"The points read 2 trajectory sets: `{mine['set']}` (2), `0123456789ab` (1)." in text
     ledger.write_text(json.dumps({**earlier, "acceptance": earlier["acceptance"][:1]}))  # edited: a new report
     assert not run_stage(later_cfg()).cached
     for text, match in (("{", "is not readable JSON"), (json.dumps({**earlier, "metric": "decoder_streak"}),
