@@ -40,6 +40,7 @@ from streakline.artifacts import StageRun, atomic_file, config_hash, find_comple
 from streakline.config import CONF_DIR, ConfigError, compose_config
 from streakline.config.schema import SCALING_LAUNCHES, SCALING_METRICS, ZERO_STAGES
 from streakline.evaluation import scaling as scaling_report
+from streakline.evaluation.scaling_md import write_report
 from streakline.launch.slurm import launch_script
 
 from .common import data_scaling
@@ -188,7 +189,7 @@ class Scaling(Stage):
             "figures": {k: Path(v).name for k, v in figures.items()},
             "seconds": time.perf_counter() - t0,
         }
-        scaling_report.write_report(out / "scaling.md", summary)
+        write_report(out / "scaling.md", summary)
         with atomic_file(out / "scaling.json", "w") as f:
             f.write(json.dumps(summary, indent=2) + "\n")
         for name in ("scaling.md", "scaling.json", *(Path(p).name for p in figures.values())):

@@ -20,16 +20,14 @@ from streakline.evaluation.scaling import (
     fit_power_law,
     per_source,
     slot_figure,
-    slot_lines,
     slot_points,
     speedup_figure,
     throughput,
     throughput_figure,
-    wall_clock_lines,
     wall_clock_rows,
     with_prior_rows,
-    write_report,
 )
+from streakline.evaluation.scaling_md import slot_lines, wall_clock_lines, write_report
 
 
 def test_the_fit_recovers_a_known_power_law():
