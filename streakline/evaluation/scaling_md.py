@@ -11,6 +11,7 @@ points read), the per-slot comparison, and the wall-clock speedups of the decode
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -151,11 +152,8 @@ def _set(point: dict[str, Any]) -> str | None:
 def _set_lines(points: Sequence[dict[str, Any]]) -> list[str]:
     """Where the points read more than one trajectory set, how many read each, and what that means: a larger subset
     holds every row of a smaller one only within one set."""
-    counts: dict[str, int] = {}
-    for p in points:
-        key = _set(p)
-        if key is not None:  # a point that names no set (an old ledger entry) neither makes nor breaks the count
-            counts[key] = counts.get(key, 0) + 1
+    # a point that names no set (an old ledger entry) neither makes nor breaks the count
+    counts = Counter(key for key in map(_set, points) if key is not None)
     if len(counts) < 2:
         return []
     each = ", ".join(f"`{k}` ({n})" for k, n in counts.items())
