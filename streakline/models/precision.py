@@ -10,7 +10,14 @@ score with a frozen model, and of stage=distill's GEMMs (autocast over fp32 weig
 stage applies it to which role, and ``stage=doctor`` prints what was detected and what each stage will use.
 ``precision=fp32`` brings back fp32 everywhere; ``precision=bf16`` forces bf16 (with a warning where it is emulated).
 
-    detect("cpu")                      # Hardware(device="cpu", native_bf16=True, evidence="amx_bf16, avx512_bf16")
+A CPU is one of ``CPU_KINDS`` (``Hardware.cpu_kind``): ``amx``, ``avx512_bf16``, ``arm_bf16`` (bf16 native) or
+``none`` (bf16 emulated), read from its flags. The environment variable ``STREAKLINE_CPU_KIND`` (``CPU_KIND_ENV``)
+sets the kind instead, for tests that take every kind's path on one machine and for users who know better than the
+flags; ``detect`` reads it in this one place, so ``precision=auto``, ``stage=doctor`` (which says it was overridden)
+and ``stage=plan`` all follow it.
+
+    detect("cpu")                      # Hardware("cpu", True, "amx_bf16, avx512_bf16", cpu_kind="amx")
+    # STREAKLINE_CPU_KIND=none python launch.py stage=doctor   ->  cpu_kind="none", overridden: auto keeps fp32
     resolve("auto", "cpu")             # "bf16" on such a CPU, "fp32" on one without native bf16
     torch_dtype("bf16")                # torch.bfloat16
     training_autocast("auto", "fp32")  # bf16 on such a CPU (stage=distill's mixed precision), None elsewhere
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import warnings
 
 import torch
@@ -32,6 +40,10 @@ CHOICES = ("auto", "fp32", "bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # /proc/cpuinfo flags that mean a native bf16 dot product: x86's AMX tiles and AVX512-BF16, arm64's BF16 extension
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+# The kinds of CPU that precision tells apart, best first, each with the flag that makes one (``none``: no such flag,
+# bf16 is emulated). A kind is what a per-kind choice keys on; ``native_bf16`` follows from it.
+CPU_KINDS = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "arm_bf16": "bf16", "none": None}
+CPU_KIND_ENV = "STREAKLINE_CPU_KIND"  # set: the CPU kind, instead of the one the flags say
 # The stages that apply ``precision`` and the roles they run with it. stage=distill applies it as mixed precision
 # (``training_autocast``, unless trainer.autocast=off): the drafter's and the verifier's forwards and backwards
 # under autocast, the weights, the optimizer and the loss reductions in fp32; a bf16 trainer.precision is
@@ -56,6 +68,8 @@ class Hardware:
     device: str  # "cpu" or "cuda"
     native_bf16: bool
     evidence: str  # what the decision rests on: the CPU flags found, or the GPU's name and compute capability
+    cpu_kind: str | None = None  # a CPU's kind (CPU_KINDS); None for another device
+    overridden: bool = False  # the kind came from $STREAKLINE_CPU_KIND, not from the flags
 
 
 @functools.cache
@@ -85,9 +99,30 @@ def _torch_says_bf16() -> list[str]:
     return found
 
 
+def cpu_kind_override() -> str | None:
+    """The CPU kind ``$STREAKLINE_CPU_KIND`` sets (None when unset or empty); PrecisionError for a kind not in
+    ``CPU_KINDS``."""
+    value = os.environ.get(CPU_KIND_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value not in CPU_KINDS:
+        raise PrecisionError(
+            f"{CPU_KIND_ENV}={value!r} is not a CPU kind; set one of {', '.join(CPU_KINDS)} or unset it to read the "
+            "CPU's flags"
+        )
+    return value
+
+
+def _kind_of(found: list[str]) -> str:
+    """The best kind among the bf16 flags (or torch probe labels) ``found``."""
+    # torch's probe says amx_tile where the flags say amx_bf16 (every AMX CPU so far has both)
+    labels = {f.removesuffix(" (torch)").replace("amx_tile", "amx_bf16") for f in found}
+    return next((kind for kind, flag in CPU_KINDS.items() if flag is None or flag in labels))
+
+
 def detect(device: str | torch.device = "cpu", flags: frozenset[str] | None = None) -> Hardware:
-    """Whether ``device`` multiplies bf16 natively, and the evidence. ``flags``: CPU flags to judge instead of this
-    machine's (tests)."""
+    """Whether ``device`` multiplies bf16 natively, the evidence and, for a CPU, its kind. ``flags``: CPU flags to
+    judge instead of this machine's (tests); without them ``$STREAKLINE_CPU_KIND``, when set, decides the kind."""
     kind = torch.device(device).type
     if kind == "cuda":
         index = torch.device(device).index or 0
@@ -101,9 +136,13 @@ def detect(device: str | torch.device = "cpu", flags: frozenset[str] | None = No
     found = [f for f in CPU_BF16_FLAGS if f in flags]
     if own and not found:  # no /proc/cpuinfo (another OS): torch's probe is the next best evidence
         found = _torch_says_bf16()
-    if found:
-        return Hardware("cpu", True, ", ".join(found))
-    return Hardware("cpu", False, "no AMX-BF16, AVX512-BF16 or BF16 flag (bf16 would be emulated)")
+    evidence = ", ".join(found) or "no AMX-BF16, AVX512-BF16 or BF16 flag (bf16 would be emulated)"
+    kind = _kind_of(found)
+    forced = cpu_kind_override() if own else None
+    if forced is not None:
+        said = f"{CPU_KIND_ENV}={forced}, overriding the detected {kind} (this machine: {evidence})"
+        return Hardware("cpu", forced != "none", said, cpu_kind=forced, overridden=True)
+    return Hardware("cpu", kind != "none", evidence, cpu_kind=kind)
 
 
 def check(setting: str) -> None:
@@ -171,9 +210,9 @@ def training_autocast(
 def report(
     setting: str, device: str | torch.device = "cpu", trainer_precision: str = "fp32", autocast: str = "auto"
 ) -> dict[str, object]:
-    """What ``stage=doctor`` prints: the hardware, the evidence, the setting, what it resolves to, and per stage
-    that applies it the roles and the precision they run in (distill's from ``trainer.precision`` and
-    ``trainer.autocast`` too)."""
+    """What ``stage=doctor`` prints: the hardware, the evidence, the CPU kind (and whether ``$STREAKLINE_CPU_KIND``
+    set it), the setting, what it resolves to, and per stage that applies it the roles and the precision they run in
+    (distill's from ``trainer.precision`` and ``trainer.autocast`` too)."""
     hw = detect(device)
     resolved = resolve(setting, device, hw) if setting in CHOICES else None
     stages = {stage: {"roles": list(roles), "precision": resolved} for stage, roles in STAGE_PRECISION.items()}
@@ -186,6 +225,8 @@ def report(
         "device": hw.device,
         "native_bf16": hw.native_bf16,
         "evidence": hw.evidence,
+        "cpu_kind": hw.cpu_kind,
+        "overridden": hw.overridden,
         "setting": setting,
         "resolved": resolved,
         "stages": stages,

@@ -189,6 +189,11 @@ def format_report(report: dict[str, Any], model: str) -> str:
     if precision is not None:
         native = "native" if precision["native_bf16"] else "emulated"
         lines.append(f"precision ({precision['device']}: bf16 {native}: {precision['evidence']})")
+        if precision.get("cpu_kind") is not None:
+            from streakline.models.precision import CPU_KIND_ENV
+
+            how = f"overridden by ${CPU_KIND_ENV}" if precision["overridden"] else f"detected; ${CPU_KIND_ENV} sets it"
+            lines.append(f"  {'cpu kind':<18} {precision['cpu_kind']} ({how})")
         lines.append(f"  {'setting':<18} precision={precision['setting']} -> {precision['resolved']}")
         for stage, use in precision["stages"].items():
             lines.append(f"  {stage:<18} {', '.join(use['roles'])} in {use['precision']}")

@@ -19,13 +19,16 @@ SKYLAKE = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl"})
 
 
 @pytest.mark.parametrize(
-    ("flags", "native", "named"),
-    [(SAPPHIRE_RAPIDS, True, "amx_bf16"), (ZEN4, True, "avx512_bf16"), (GRAVITON3, True, "bf16"),
-     (SKYLAKE, False, "emulated"), (frozenset(), False, "emulated")],
+    ("flags", "native", "named", "kind"),
+    [(SAPPHIRE_RAPIDS, True, "amx_bf16", "amx"), (ZEN4, True, "avx512_bf16", "avx512_bf16"),
+     (GRAVITON3, True, "bf16", "arm_bf16"), (SKYLAKE, False, "emulated", "none"),
+     (frozenset(), False, "emulated", "none")],
 )  # fmt: skip
-def test_native_bf16_is_read_from_the_cpu_flags(flags, native, named):
+def test_native_bf16_and_the_cpu_kind_are_read_from_the_cpu_flags(flags, native, named, kind, monkeypatch):
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "amx")  # given flags are judged as they are: the override is ignored
     hw = detect("cpu", flags=flags)
     assert hw.native_bf16 is native and named in hw.evidence
+    assert (hw.cpu_kind, hw.overridden) == (kind, False)
 
 
 def test_auto_is_bf16_exactly_where_it_is_native():
@@ -38,7 +41,8 @@ def test_auto_is_bf16_exactly_where_it_is_native():
         resolve("half", hardware=native)
 
 
-def test_this_machine_resolves_as_its_flags_say():
+def test_this_machine_resolves_as_its_flags_say(monkeypatch):
+    monkeypatch.delenv(precision.CPU_KIND_ENV, raising=False)
     hw = detect("cpu")
     assert hw.native_bf16 == bool(set(precision.CPU_BF16_FLAGS) & precision.cpu_flags()) or not precision.cpu_flags()
     want = torch.bfloat16 if hw.native_bf16 else torch.float32
@@ -53,7 +57,8 @@ def test_an_unknown_precision_is_refused_by_the_config():
         compose_config(["model=micro", "precision=fp8"])
 
 
-def test_doctor_reports_the_detection_and_each_stage_precision(capsys):
+def test_doctor_reports_the_detection_and_each_stage_precision(capsys, monkeypatch):
+    monkeypatch.delenv(precision.CPU_KIND_ENV, raising=False)
     from streakline.pipelines import run_stage
 
     report = run_stage(compose_config(["stage=doctor", "model=micro", "precision=fp32"])).metrics["precision"]
@@ -65,6 +70,7 @@ def test_doctor_reports_the_detection_and_each_stage_precision(capsys):
         "precision": "fp32",
     }
     assert "precision=fp32 -> fp32" in printed and "trajectories" in printed and hw.evidence in printed
+    assert report["cpu_kind"] == hw.cpu_kind and not report["overridden"] and "(detected;" in printed
 
 
 def test_distill_autocasts_an_fp32_trainer_exactly_where_bf16_is_native():
@@ -81,3 +87,53 @@ def test_distill_autocasts_an_fp32_trainer_exactly_where_bf16_is_native():
     assert training_autocast("auto", "bf16", hardware=native) is None
     report = precision.report("auto", "cpu", trainer_precision="bf16")
     assert report["stages"]["distill"] == {"roles": ["drafter (DeepSpeed, trainer.precision)"], "precision": "bf16"}
+
+
+# each CPU kind as $STREAKLINE_CPU_KIND sets it: whether bf16 is native there, so what precision=auto picks
+KINDS = [("none", False), ("avx512_bf16", True), ("amx", True), ("arm_bf16", True)]
+
+
+@pytest.mark.parametrize(("kind", "native"), KINDS)
+def test_the_cpu_kind_override_takes_that_kinds_precision_path_on_any_machine(kind, native, monkeypatch):
+    monkeypatch.setenv(precision.CPU_KIND_ENV, f" {kind.upper()} ")  # case and spaces forgiven
+    hw = detect("cpu")
+    assert (hw.cpu_kind, hw.native_bf16, hw.overridden) == (kind, native, True)
+    assert f"{precision.CPU_KIND_ENV}={kind}" in hw.evidence and "this machine" in hw.evidence
+    assert resolve("auto", "cpu") == ("bf16" if native else "fp32")
+    assert model_dtype("auto", "float32", "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert precision.training_autocast("auto", "fp32") == (torch.bfloat16 if native else None)
+    assert resolve("fp32", "cpu") == "fp32"  # an explicit setting is still taken as said
+
+
+def test_forced_bf16_on_a_cpu_kind_without_native_bf16_warns(monkeypatch, recwarn):
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "none")
+    with pytest.warns(UserWarning, match="emulated, slower than fp32.*precision=auto picks fp32"):
+        assert model_dtype("bf16", "float32", "cpu") == torch.bfloat16  # honoured, with the warning
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "amx")
+    recwarn.clear()
+    assert resolve("bf16", "cpu") == "bf16"
+    assert not [w for w in recwarn if "emulated" in str(w.message)]  # native there: nothing to warn of
+
+
+def test_an_unknown_cpu_kind_is_refused_with_the_kinds(monkeypatch):
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "sapphire")
+    with pytest.raises(
+        precision.PrecisionError, match="STREAKLINE_CPU_KIND='sapphire'.*amx, avx512_bf16, arm_bf16, none"
+    ):
+        detect("cpu")
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "")  # empty: unset
+    assert not detect("cpu").overridden
+
+
+@pytest.mark.parametrize(("kind", "native"), [("none", False), ("amx", True)])
+def test_doctor_says_the_cpu_kind_was_overridden(kind, native, capsys, monkeypatch):
+    from streakline.pipelines import run_stage
+
+    monkeypatch.setenv(precision.CPU_KIND_ENV, kind)
+    report = run_stage(compose_config(["stage=doctor", "model=micro"])).metrics["precision"]
+    printed = capsys.readouterr().out
+    assert (report["cpu_kind"], report["overridden"], report["native_bf16"]) == (kind, True, native)
+    assert report["resolved"] == ("bf16" if native else "fp32")
+    assert report["stages"]["decode"]["precision"] == report["resolved"]
+    assert f"cpu kind           {kind} (overridden by $STREAKLINE_CPU_KIND)" in printed
+    assert ("fp32 kept: bf16 would be emulated here" in printed) is not native
