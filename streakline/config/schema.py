@@ -383,10 +383,11 @@ class DecoderConfig:
     top_k: int | None = 64  # the drafter samples among its k most likely tokens; null: among all of them
     ngram_max: int = 4  # decoder=ngram: the longest context suffix looked up (decoding/ngram.py)
     ngram_min: int = 2  # and the shortest
-    # decoder=dflash_lookup: a row whose DFlash drafts lately earned fewer accepted tokens a cycle than this drafts
-    # nothing where lookup finds nothing (decoding/lookup_first.py); a DFlash cycle costing c vanilla steps breaks
-    # even at c - 1 (about 0.5 for SmolLM2 on 2 CPU cores); 0: always draft with the model
-    lookup_floor: float = 0.5
+    # decoder=dflash_lookup weighs lookup, the DFlash drafter and a plain step by tokens per cost (decoding/mixed.py),
+    # the costs measured while decoding; fixed values instead, in vanilla steps: the DFlash drafter's forward a
+    # cycle, and what each drafted token adds to the verify forward (null: measured)
+    draft_cost: float | None = None
+    verify_cost: float | None = None
     acceptance: str = "greedy_acceptance"  # ACCEPTANCE_RULES
     selection: str = "streak_score"  # SELECTIONS
     # KV caches and forwards (ENGINES): auto = a static cache on one GPU (CUDA graphs once checked on a GPU:
@@ -473,6 +474,9 @@ class Config:
     prompt: str | None = None
     prompt_file: str | None = None
     prompt_ids: list[int] | None = None
+    # stage=decode: also decode with decoder=vanilla and report whether the two agree, and where they part the fp32
+    # gap of the two tokens against the near-tie bound (evaluation/lossless.py); temperature 0 only
+    check: bool = False
     # the command line's overrides, as given (set by launch.py / compose_config); stage=pipeline and stage=sweep
     # compose each stage they run from these plus the stage's own overrides
     overrides: list[str] = field(default_factory=list)

@@ -144,7 +144,7 @@ def _at_least(cfg: DictConfig, key: str, low: float, optional: bool = False) -> 
     value = _get(cfg, key)
     if value is None and optional:
         return
-    if value is None or value < low:
+    if value is None or not value >= low:  # NaN too
         raise ConfigError(f"{key}={value!r} is not valid; it must be >= {low}" + (" or null" if optional else ""))
 
 
@@ -449,8 +449,10 @@ def _decoder(cfg: DictConfig) -> None:
     _at_least(cfg, "decoder.gamma", 1, optional=True)
     for key in ("K", "max_new_tokens", "batch_size", "budget"):
         _at_least(cfg, f"decoder.{key}", 1)
-    for key in ("temperature", "drafter_temperature", "lookup_floor"):
+    for key in ("temperature", "drafter_temperature"):
         _at_least(cfg, f"decoder.{key}", 0)
+    for key in ("draft_cost", "verify_cost"):
+        _at_least(cfg, f"decoder.{key}", 0, optional=True)
     _at_least(cfg, "decoder.ngram_min", 1)
     if cfg.decoder.ngram_max < cfg.decoder.ngram_min:
         raise ConfigError(

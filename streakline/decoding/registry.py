@@ -14,7 +14,7 @@ runtime config (``speculative_setup`` for ``SpecConfig`` + drafter, ``block_deco
 | ``diffusion_draft`` | one drafter forward, K chains, tree verification, self-selection | verifier + drafter |
 | ``dflash_draft`` | a DFlash block drafted from the verifier's layer states, K chains | verifier + DFlash drafter |
 | ``ngram`` | prompt lookup: what followed the context's last n tokens earlier, no model (``ngram.py``) | verifier |
-| ``dflash_lookup`` | lookup where it matches, else dflash_draft (``lookup_first.py``) | verifier + DFlash drafter |
+| ``dflash_lookup`` | lookup, dflash_draft or neither, by cost per cycle (``mixed.py``) | verifier + DFlash drafter |
 | ``static`` / ``threshold`` | block-diffusion draft-free decoding (``block_diffusion.py``) | target |
 | ``spot`` / ``spiffy`` | a drafted tree / graph of block states, verified in one batched forward | target + artifact |
 
@@ -41,18 +41,18 @@ from streakline.models.dflash import DFlashModel
 
 from .block_diffusion import BlockDecodeConfig
 from .drafters import DRAFTERS, ARDrafter, DFlashDrafter, DiffusionDrafter
-from .lookup_first import LookupFirstDrafter
+from .mixed import MixedDrafter
 from .ngram import NgramDrafter
 from .speculative import SpecConfig
 
 DECODER_FAMILIES = ("speculative", "block")
 # drafters that run no model: built from the decoder settings alone (no drafter role, checkpoint or training)
 MODEL_FREE_DRAFTERS = {"ngram": NgramDrafter}
-# drafters made of others: prompt lookup in front of a DFlash drafter model
-COMPOSITE_DRAFTERS = {"dflash_lookup": LookupFirstDrafter}
+# drafters made of others: prompt lookup beside a DFlash drafter model, chosen per cycle
+COMPOSITE_DRAFTERS = {"dflash_lookup": MixedDrafter}
 _DRAFTER_CLASSES = {**DRAFTERS, **MODEL_FREE_DRAFTERS, **COMPOSITE_DRAFTERS}
 # the drafters that draft with a DFlash model: shared with the verifier, gamma = its block size - 1
-_DFLASH = (DFlashDrafter, LookupFirstDrafter)
+_DFLASH = (DFlashDrafter, MixedDrafter)
 
 
 @dataclass(frozen=True)
@@ -180,11 +180,14 @@ def speculative_setup(
                 raise ValueError(f"decoder={name} drafts with the verifier's embedding and head: pass verifier=")
             drafter_model.share(verifier)
             gamma_default = drafter_model.dflash.block_size - 1
-        if kind is LookupFirstDrafter:
+        if kind is MixedDrafter:
             model = DFlashDrafter(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)
-            floor = getattr(decoder, "lookup_floor", None)  # absent from configs written before it existed
-            drafter = LookupFirstDrafter(
-                model, _lookup_drafter(decoder, verifier), floor=0.0 if floor is None else floor
+            drafter = MixedDrafter(
+                model,
+                _lookup_drafter(decoder, verifier),
+                # absent from configs written before they existed: measured, as by default
+                draft_cost=getattr(decoder, "draft_cost", None),
+                verify_cost=getattr(decoder, "verify_cost", None),
             )
         else:
             drafter = kind(drafter_model, temperature=decoder.drafter_temperature, top_k=decoder.top_k)

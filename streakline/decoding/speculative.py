@@ -84,14 +84,16 @@ class _Clock:
         self.enabled = timing or not self.cuda
         self.t = time.perf_counter()
 
-    def lap(self, phase: str) -> None:
+    def lap(self, phase: str) -> float | None:
+        """The seconds since the last lap, added to ``phase`` (None when not timing)."""
         if not self.enabled:
-            return
+            return None
         if self.cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
-        self.metrics.time_s[phase] += now - self.t
-        self.t = now
+        elapsed, self.t = now - self.t, now
+        self.metrics.time_s[phase] += elapsed
+        return elapsed
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float, temperature: float) -> torch.Tensor:
@@ -202,6 +204,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
     new_ids, new_valid = ids, (mask.bool() if ragged else None)
     clock.lap("prefill")
 
+    observe = getattr(drafter, "observe", None)
     trees = {G: ChainTree(K, G, device)}  # by draft width: a model-free drafter may draft fewer than G (ngram.py)
     rows = list(range(B))  # original index of each active row
     out: list[list[int]] = [[] for _ in range(B)]
@@ -223,7 +226,7 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
         if g not in trees:
             trees[g] = ChainTree(K, g, device)
         tree = trees[g]
-        clock.lap("draft")
+        draft_s = clock.lap("draft")
 
         fwd = verifier.hidden(
             tree.tokens(pending, drafts),
@@ -235,7 +238,9 @@ def _decode(verifier, drafter, cfg, cache, capacity, ids, mask, rule, iid, stop,
         aux = fwd[1] if layers else None
         logits = verifier.logits(fwd[0] if layers else fwd).to(device)
         metrics.nfe += 1
-        clock.lap("verify")
+        verify_s = clock.lap("verify")
+        if observe is not None:  # a drafter that weighs its options by their cost (mixed.py) learns this cycle's timing
+            observe(g, draft_s, verify_s)
 
         if q is not None and q.shape[-1] < logits.shape[-1]:  # a drafter vocabulary mapped onto a padded verifier one
             q = torch.nn.functional.pad(q, (0, logits.shape[-1] - q.shape[-1]))

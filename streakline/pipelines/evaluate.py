@@ -37,7 +37,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import StageRun
 from streakline.config import ConfigError
-from streakline.config.schema import DecoderConfig
 from streakline.decoding.registry import BLOCK_DRAFTED
 from streakline.evaluation.figures import draw_all
 from streakline.evaluation.methods import EvalMethod
@@ -50,7 +49,8 @@ from .common.lookup import distill_checkpoints, distill_runs, frozen_precision, 
 from .common.prompts import evaluation_inputs
 from .runner import Stage, StageResult
 
-LOOKUP_FLOOR = DecoderConfig.lookup_floor
+# decoder=dflash_lookup's rule (decoding/mixed.py): a new rule decodes other rows, so runs that use it get a new key
+MIX_RULE = "cost_per_token"
 
 
 class Evaluate(Stage):
@@ -89,6 +89,7 @@ class Evaluate(Stage):
             "evaluate": settings,
             "seed": cfg.seed,
             "decoder": _decoder_key(cfg.decoder),
+            **({"mix": MIX_RULE} if any(m.decoder == "dflash_lookup" for m in methods) else {}),
             "models": {r: cfg.model[r].get("path") for r in ("verifier", "drafter", "target") if r in cfg.model},
             **model_content(cfg),
             **precision_part(cfg),
@@ -262,6 +263,7 @@ def _decoder_key(decoder) -> dict[str, Any]:
     out = OmegaConf.to_container(decoder, resolve=True)
     if out.get("engine") == "auto":
         del out["engine"]
-    if out.get("lookup_floor") == LOOKUP_FLOOR:  # added later: at its default, earlier keys did not move
-        del out["lookup_floor"]
+    for key in ("draft_cost", "verify_cost"):  # added later: at their default, earlier keys did not move
+        if out.get(key) is None:
+            out.pop(key, None)
     return out
