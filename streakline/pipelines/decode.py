@@ -3,6 +3,7 @@
     python launch.py stage=decode model=tiny decoder=diffusion_draft prompt="Sam has 3 apples."
     python launch.py stage=decode model=tiny decoder=ar_draft prompt_ids=[12,7,99] decoder.temperature=1.0
     python launch.py stage=decode model=tiny decoder=vanilla prompt_file=question.txt   # any text, as written
+    python launch.py stage=decode model=tiny decoder=ngram check=true prompt="Sam has 3 apples."   # vs vanilla
     echo "What is 2+2?" | python launch.py stage=decode model=tiny decoder=vanilla prompt=-   # standard input
     python launch.py stage=decode model=tiny decoder=vanilla model.verifier.path=/ckpt/hf-folder prompt="def f("
     python launch.py stage=decode model=tiny decoder=threshold prompt="Sam has 3 apples."   # block-diffusion target
@@ -18,7 +19,9 @@ Decoders that read a stage artifact (``spot``, ``spiffy``) find it with ``common
 names one. The last line printed is a JSON object with ``precision`` (what the verifier ran in: ``precision=auto``
 picks bf16 where the hardware multiplies it natively, ``precision=fp32`` forces fp32), ``token_ids`` (the generated
 ids), ``text`` and the metrics (``tokens_per_verifier_call``, ``nfe``, ``tokens_per_s``, ``alpha``, ...;
-docs/decoding.md defines them), so scripts can read it with ``tail -n 1``.
+docs/decoding.md defines them), so scripts can read it with ``tail -n 1``. ``check=true`` also decodes the prompt
+with vanilla and says whether the two agree, and where they part how near a tie the parting is (the fp32 gap against
+the bf16 bound, as stage=evaluate weighs it); its verdict is a line before the JSON line and ``check`` in it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from streakline.config import ConfigError
@@ -44,6 +48,8 @@ from streakline.decoding.registry import (
 )
 from streakline.decoding.speculative import generate
 from streakline.decoding.vanilla import left_pad
+from streakline.evaluation.lossless import TIE_FACTOR, tie_check
+from streakline.evaluation.runner import tie_gap
 from streakline.models import build
 from streakline.models.precision import precision_name
 
@@ -55,7 +61,7 @@ from .runner import Stage, StageResult
 
 class Decode(Stage):
     name = "decode"
-    settings = ("decoder", "prompt", "prompt_file", "prompt_ids")
+    settings = ("decoder", "prompt", "prompt_file", "prompt_ids", "check")
 
     def uses(self, cfg: DictConfig) -> tuple[str, ...]:
         if cfg.decoder.name in BLOCK + BLOCK_DRAFTED:
@@ -74,6 +80,18 @@ class Decode(Stage):
             )
         if cfg.get("prompt_file") is not None:
             read_prompt_file(cfg.prompt_file)  # before any model is built: a wrong path costs nothing
+        if cfg.get("check") and cfg.decoder.name in BLOCK + BLOCK_DRAFTED:
+            raise ConfigError(
+                f"check=true compares a speculative decoder with decoder=vanilla; decoder={cfg.decoder.name} runs the "
+                "block-diffusion target, whose rule (decoder=static or decoder=threshold) is its reference: decode "
+                "with it too, or drop check=true"
+            )
+        if cfg.get("check") and cfg.decoder.temperature > 0:
+            raise ConfigError(
+                f"check=true compares tokens with vanilla's, which only temperature 0 makes equal; got "
+                f"decoder.temperature={cfg.decoder.temperature:g}: use decoder.temperature=0 or drop check=true "
+                "(stage=evaluate tests sampled decoders statistically)"
+            )
 
     def run(self, cfg: DictConfig, stage_run: None) -> StageResult:
         name, where = cfg.decoder.name, device()
@@ -97,15 +115,22 @@ class Decode(Stage):
         if block:
             tokens, metrics = _decode_block(cfg, main, prompt, eos, where)
         else:
-            tokens, metrics = _decode_speculative(cfg, main, prompt, eos, tokenizer, where)
+            tokens, metrics, spec = _decode_speculative(cfg, main, prompt, eos, tokenizer, where)
+            if cfg.get("check"):
+                metrics["check"] = vanilla_check(cfg, main, prompt, tokens, spec, tokenizer, where)
         text = tokenizer.decode(tokens) if tokenizer is not None else ""
         line = {"decoder": name, "precision": precision_name(next(main.parameters()).dtype), "token_ids": tokens,
                 "text": text, **metrics}  # fmt: skip
-        return StageResult(self.name, metrics=metrics, details={"line": line, "prompt": text_prompt or ""})
+        details = {"line": line, "prompt": text_prompt or ""}
+        if "check" in metrics:
+            details["check"] = check_line(metrics["check"], line["precision"], tokenizer)
+        return StageResult(self.name, metrics=metrics, details=details)
 
     def report(self, result: StageResult) -> None:
         line = result.details["line"]
         print(result.details["prompt"] + line["text"])
+        if "check" in result.details:
+            print(result.details["check"])
         print(json.dumps(line))  # last: scripts read it with tail -n 1
 
 
@@ -194,4 +219,77 @@ def _decode_speculative(cfg: DictConfig, verifier, prompt, eos, tokenizer, where
     if drafter is not None:
         drafter = bridge_tokenizers(cfg, drafter, tokenizer)
     res = generate(verifier, [prompt], spec, drafter=drafter, tokenizer=tokenizer)
-    return res.tokens[0], res.metrics.to_dict()
+    return res.tokens[0], res.metrics.to_dict(), spec
+
+
+def vanilla_check(cfg: DictConfig, verifier, prompt: list[int], tokens: list[int], spec, tokenizer, where) -> dict:
+    """``check=true``: decode ``prompt`` with vanilla (the same verifier and ``spec``, no drafter) and compare it with
+    ``tokens`` (:func:`compare_with_vanilla`). The fp32 verifier that weighs a parting is built only when there is one
+    and the verifier runs in another precision."""
+    if cfg.decoder.name == "vanilla":
+        vanilla = tokens  # the reference itself
+    else:
+        vanilla = generate(verifier, [prompt], spec, drafter=None, tokenizer=tokenizer).tokens[0]
+    built = []
+
+    def fp32_verifier():
+        if not built:
+            exact = next(verifier.parameters()).dtype == torch.float32
+            built.append(
+                verifier
+                if exact
+                else build(cfg.model.verifier, "verifier", device=where, inference=True, dtype=torch.float32)
+            )
+        return built[0]
+
+    return compare_with_vanilla(verifier, fp32_verifier, prompt, tokens, vanilla)
+
+
+def compare_with_vanilla(verifier, fp32_verifier, prompt: list[int], tokens: list[int], vanilla: list[int]) -> dict:
+    """Whether ``tokens`` (a decode of ``prompt`` by ``verifier``) agree with ``vanilla`` (its vanilla decode), and if
+    not, their first parting weighed as stage=evaluate weighs a row's (``lossless.tie_check``): ``token`` (its
+    index), ``tokens`` (the decode's id and vanilla's), ``gap`` (fp32 logit of the first minus the second), ``eps``
+    (the largest |logit error| of the verifier's precision there) and ``bound`` (``TIE_FACTOR`` x eps); a
+    ``near_tie`` is a gap within the bound. ``fp32_verifier()`` returns the same verifier in fp32. ``lossless``:
+    they agree, or (reduced precision only) part at a near-tie; in fp32 only agreement is (eps is 0 there)."""
+    precision = precision_name(next(verifier.parameters()).dtype)
+
+    def gap(_prompt: int, prefix: list[int], token: int, other: int) -> dict[str, float]:
+        return tie_gap(verifier, fp32_verifier(), prompt, prefix, token, other)
+
+    with torch.no_grad():
+        checked = tie_check([tokens], [vanilla], gap)
+    parting = None
+    if checked["divergences"]:
+        parting = {k: v for k, v in checked["divergences"][0].items() if k != "prompt"}
+    exact = precision == "fp32"
+    return {
+        "agrees": parting is None,
+        "lossless": parting is None if exact else checked["lossless"],
+        "check": "identical tokens (fp32: no near-tie allowance)" if exact else checked["check"],
+        "vanilla_token_ids": vanilla,
+        "first_parting": parting,
+    }
+
+
+def check_line(check: dict, precision: str, tokenizer) -> str:
+    """One line for people: ``check=true``'s verdict (the JSON line holds the numbers)."""
+    parting = check["first_parting"]
+    if parting is None:
+        n = len(check["vanilla_token_ids"])
+        return f"check: agrees with decoder=vanilla token for token ({n} tokens, {precision})"
+    where = f"check: parts from decoder=vanilla at new token {parting['token']}"
+    if "gap" not in parting:
+        return f"{where}: {parting['why']} (NOT lossless)"
+    ours, theirs = parting["tokens"]
+    if tokenizer is not None:
+        ours, theirs = repr(tokenizer.decode([ours])), repr(tokenizer.decode([theirs]))
+    weighed = (
+        f"{where} ({ours} against vanilla's {theirs}): the fp32 logit gap {parting['gap']:+.3g} against the bound "
+        f"{parting['bound']:.3g} ({TIE_FACTOR:g} x the {precision} logit error {parting['eps']:.3g})"
+    )
+    if precision == "fp32":
+        return f"{weighed}: fp32 has no near-tie allowance, so this is NOT lossless; please report it"
+    if parting["near_tie"]:
+        return f"{weighed}: a near-tie, which {precision} allows (precision=fp32 decodes as vanilla token for token)"
+    return f"{weighed}: beyond the bound, so NOT a near-tie and NOT lossless; please report it"

@@ -179,3 +179,59 @@ def test_a_foreign_checkpoint_decodes_alone_with_its_own_end_of_text(tmp_path):
     (tmp_path / "foreign" / "generation_config.json").write_text(json.dumps({"eos_token_id": [want[stop], 310]}))
     stopped = run_stage(compose_config(args))
     assert stopped.details["line"]["token_ids"] == want[: stop + 1]  # up to and including its end-of-text
+
+
+def test_check_decodes_vanilla_too_and_says_they_agree(world_root, capsys):
+    """``check=true``: the speculative decode is compared with a vanilla decode of the same prompt, and says so."""
+    vanilla = _decode(world_root, "decoder=vanilla", f"prompt={PROMPT}", "precision=fp32")["token_ids"]
+    capsys.readouterr()
+    line = _decode(
+        world_root, "decoder=diffusion_draft", "decoder.K=2", f"prompt={PROMPT}", "precision=fp32", "check=true"
+    )
+    out = capsys.readouterr().out.strip().splitlines()
+    assert line["check"]["vanilla_token_ids"] == vanilla == line["token_ids"]
+    assert line["check"]["agrees"] and line["check"]["lossless"] and line["check"]["first_parting"] is None
+    assert out[-2] == f"check: agrees with decoder=vanilla token for token ({len(vanilla)} tokens, fp32)"
+    assert json.loads(out[-1])["check"] == line["check"]  # the JSON line stays last
+    assert "check" not in _decode(world_root, "decoder=ngram", f"prompt={PROMPT}")  # off by default
+
+
+def test_check_refuses_what_it_cannot_compare(world_root):
+    with pytest.raises(ConfigError, match="block-diffusion target.*decoder=static"):
+        _decode(world_root, "decoder=threshold", "prompt=x", "check=true")
+    with pytest.raises(ConfigError, match="only temperature 0 makes equal"):
+        _decode(world_root, "decoder=ngram", "prompt=x", "decoder.temperature=1", "check=true")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_parting_from_vanilla_is_weighed_with_its_gap_and_bound(world_root, dtype):
+    """The comparison ``check=true`` runs, on an output that parts from vanilla where it takes the verifier's second
+    choice: the parting's index, both ids, the fp32 gap (as computed here by hand), and the bound, 0 in fp32 (no
+    allowance) and twice the bf16 logit error in bf16."""
+    from streakline.models import build
+    from streakline.pipelines.decode import check_line, compare_with_vanilla
+
+    cfg = attach_world(compose_config(["stage=decode", "model=micro", f"run_root={world_root}", "prompt=x"]), False)
+    exact = build(cfg.model.verifier, "verifier", inference=True, dtype=torch.float32)
+    model = exact if dtype == torch.float32 else build(cfg.model.verifier, "verifier", inference=True, dtype=dtype)
+    prompt, common, at = [5, 6, 7, 8], [223, 223, 223], 3  # the two outputs share ``common``, then part
+    with torch.no_grad():
+        logits = exact(torch.tensor([prompt + common]))[0, -1]
+    top, second = logits.topk(2).indices.tolist()
+    vanilla = [*common, top, 223]
+    check = compare_with_vanilla(model, lambda: exact, prompt, [*common, second, 223], vanilla)
+    parting = check["first_parting"]
+    assert not check["agrees"] and parting["token"] == at and parting["tokens"] == [second, top]
+    assert parting["gap"] == pytest.approx(float(logits[second] - logits[top]), abs=1e-5) and parting["gap"] < 0
+    assert parting["bound"] == pytest.approx(2 * parting["eps"])
+    assert parting["near_tie"] == (abs(parting["gap"]) <= parting["bound"])
+    if dtype == torch.float32:
+        assert parting["eps"] == 0 and not check["lossless"]
+        assert "fp32 has no near-tie allowance, so this is NOT lossless" in check_line(check, "fp32", None)
+    else:
+        assert parting["eps"] > 0 and check["lossless"] == parting["near_tie"]
+        said = check_line(check, "bf16", None)
+        assert f"at new token {at} ({second} against vanilla's {top})" in said
+        assert ("a near-tie, which bf16 allows" in said) == parting["near_tie"]
+    stopped = compare_with_vanilla(model, lambda: exact, prompt, vanilla[:2], vanilla)  # a prefix: nothing to weigh
+    assert stopped["first_parting"]["why"] == "one output is a prefix of the other" and not stopped["lossless"]
