@@ -11,7 +11,9 @@
         model.drafter.path=runs/default/distill/<hash>/drafter prompt="Sam has 3 apples."   # a DFlash drafter
 
 ``prompt_file`` and ``prompt=-`` take text as it is written (quotes, ``=``, commas, newlines: what Hydra's grammar
-would need escaped on a command line), UTF-8, with one trailing newline dropped as a shell's ``$(cat file)`` does.
+would need escaped on a command line), UTF-8. ``prompt_file`` keeps the file's text exactly, its final newline too: a
+code prompt (HumanEval's end in one) is continued differently without it. ``prompt=-`` drops one trailing newline,
+the one ``echo`` adds, as a shell's ``$(cat file)`` does; ``prompt=- < file`` is how to drop an editor's final newline.
 A verifier whose tokenizer has a chat template (``model=smol``, instruct checkpoints) gets ``prompt=`` as one user
 turn through it, as ``stage=evaluate`` renders prompts; ``data.chat_template=false`` sends the text as typed.
 ``prompt_ids`` are always sent as given. The tiny world is built first if it is not cached (the runner attaches it).
@@ -150,12 +152,13 @@ def typed_prompt(cfg: DictConfig) -> str | None:
         raise ConfigError("prompt=- reads the prompt from standard input, which is closed; pipe the text in")
     if sys.stdin.isatty():
         print("decode: reading the prompt from standard input (end it with Ctrl-D)", file=sys.stderr)
-    return _one_prompt(sys.stdin.read(), "standard input", "pipe the text in: echo 'text' | python launch.py ...")
+    text = sys.stdin.read().removesuffix("\n").removesuffix("\r")  # echo's newline, as $(cat file) drops it
+    return _one_prompt(text, "standard input", "pipe the text in: echo 'text' | python launch.py ...")
 
 
 def read_prompt_file(path: str) -> str:
-    """``prompt_file``'s text (UTF-8; a BOM dropped), ConfigError naming the file and the fix when it cannot be read,
-    is not UTF-8 or holds only white space."""
+    """``prompt_file``'s text exactly as written (UTF-8; a BOM dropped, a final newline kept), ConfigError naming
+    the file and the fix when it cannot be read, is not UTF-8 or holds only white space."""
     file = Path(path).expanduser()
     try:
         raw = file.read_bytes()
@@ -171,8 +174,7 @@ def read_prompt_file(path: str) -> str:
 
 
 def _one_prompt(text: str, where: str, fix: str) -> str:
-    """``text`` with one trailing newline dropped (as ``$(cat file)`` would drop it); refused when blank."""
-    text = text.removesuffix("\n").removesuffix("\r")
+    """``text``, refused when blank."""
     if not text.strip():
         raise ConfigError(f"{where} holds no prompt text; {fix}")
     return text

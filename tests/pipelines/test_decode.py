@@ -79,14 +79,15 @@ TYPED = 'Sam said: "f(x) = a, b" [ok]?\nThen {it} ended.'  # Hydra's grammar wou
 
 def test_a_prompt_from_a_file_or_standard_input_is_taken_as_written(world_root, tmp_path):
     """``prompt_file`` and ``prompt=-`` read text Hydra could not take as ``prompt=`` without escapes, newline
-    included, and decode exactly what its token ids decode; one trailing newline is dropped, a BOM too."""
+    included, and decode exactly what its token ids decode; a BOM is dropped, and standard input's one trailing
+    newline (echo's)."""
     from streakline.pipelines.common.prompts import encode
     from streakline.pipelines.common.roles import role_tokenizer
 
     cfg = attach_world(compose_config(["stage=decode", "model=micro", f"run_root={world_root}", "prompt=x"]), False)
     ids = encode(role_tokenizer(cfg, "verifier"), TYPED)
     want = _decode(world_root, "decoder=vanilla", f"prompt_ids=[{','.join(map(str, ids))}]")["token_ids"]
-    (tmp_path / "prompt.txt").write_bytes(b"\xef\xbb\xbf" + (TYPED + "\r\n").encode())  # BOM, CRLF: a Windows editor's
+    (tmp_path / "prompt.txt").write_bytes(b"\xef\xbb\xbf" + TYPED.encode())  # a BOM: a Windows editor's
     got = _decode(world_root, "decoder=vanilla", f"prompt_file={tmp_path / 'prompt.txt'}", "data.chat_template=false")
     assert got["token_ids"] == want
     proc = subprocess.run(
@@ -97,6 +98,33 @@ def test_a_prompt_from_a_file_or_standard_input_is_taken_as_written(world_root, 
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["token_ids"] == want
     assert proc.stdout.startswith(TYPED)  # the prompt as read, then its continuation
+
+
+CODE = 'def add(a, b):\n    """Return the sum of a and b."""\n'  # a HumanEval-style prompt: it ends in a newline
+
+
+def test_a_prompt_file_keeps_a_code_prompts_final_newline(world_root, tmp_path, monkeypatch):
+    """``prompt_file`` decodes the file's text exactly, final newline included (the continuation of a code prompt
+    depends on it); ``prompt=-`` with the file on standard input is the way to drop it."""
+    import io
+
+    from streakline.pipelines.common.prompts import encode
+    from streakline.pipelines.common.roles import role_tokenizer
+
+    cfg = attach_world(compose_config(["stage=decode", "model=micro", f"run_root={world_root}", "prompt=x"]), False)
+    tokenizer = role_tokenizer(cfg, "verifier")
+    kept, dropped = encode(tokenizer, CODE), encode(tokenizer, CODE.removesuffix("\n"))
+    assert kept != dropped  # the newline is a token of the prompt
+    (tmp_path / "prompt.py").write_text(CODE, newline="")
+    args = ["stage=decode", "model=micro", f"run_root={world_root}", "decoder.max_new_tokens=12", "decoder=vanilla",
+            "data.chat_template=false"]  # fmt: skip
+    got = run_stage(compose_config([*args, f"prompt_file={tmp_path / 'prompt.py'}"]))
+    assert got.details["prompt"] == CODE
+    want = run_stage(compose_config([*args, f"prompt_ids=[{','.join(map(str, kept))}]"]))
+    assert got.details["line"]["token_ids"] == want.details["line"]["token_ids"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(CODE))
+    piped = run_stage(compose_config([*args, "prompt=-"]))
+    assert piped.details["prompt"] == CODE.removesuffix("\n")  # standard input drops one, as $(cat file) would
 
 
 def test_a_prompt_file_that_cannot_serve_is_refused_with_the_fix(world_root, tmp_path):
