@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import importlib.metadata
 import json
@@ -42,12 +41,15 @@ from typing import IO, Any
 # the error types (and the disk-full check) and the run lock live in errors.py and locks.py; their names are
 # re-exported here for callers
 from streakline.errors import (  # noqa: F401
+    MIN_FREE_BYTES,
     ArtifactError,
     DiskFullError,
     RunLockedError,
     UserError,
     disk_full_error,
+    free_bytes,
     is_disk_full,
+    low_space_error,
     nearly_full,
 )
 from streakline.faults import kill_point
@@ -92,8 +94,9 @@ def check_run_root(root: str | os.PathLike) -> None:
                 f"run_root={root} is on a read-only filesystem; set run_root=<a folder on a writable filesystem>"
             )
         raise ArtifactError(f"run_root={root} is not writable by this user; set run_root=<a writable folder>")
-    if nearly_full(root):  # Hydra writes its log and config there before any stage code could say it
-        raise disk_full_error(root, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), folder=True)
+    free = free_bytes(root)
+    if free is not None and free < MIN_FREE_BYTES:  # Hydra writes its log and config there before any stage code
+        raise low_space_error(root, free)
 
 
 def _plain(cfg: Any) -> Any:

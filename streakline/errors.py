@@ -17,6 +17,9 @@ may meet (an atomic file, a checkpoint export, DeepSpeed's state)::
         if is_disk_full(exc):                  # ENOSPC, EDQUOT, or a library's own wording of them
             raise disk_full_error(path, exc) from exc   # DiskFullError: the file, its folder, the space free there
 
+A folder checked before anything is written there (``artifacts.check_run_root``) is refused with
+``low_space_error``, which says what it has and the minimum (``MIN_FREE_BYTES``), not that a write failed.
+
 ``streakline.artifacts`` re-exports all of these. Tests: ``python -m pytest tests/test_bad_inputs.py
 tests/test_artifacts.py``.
 """
@@ -85,28 +88,46 @@ def is_disk_full(exc: BaseException) -> bool:
 MIN_FREE_BYTES = 1 << 20
 
 
-def nearly_full(path: str | os.PathLike) -> bool:
-    """Whether the disk holding ``path`` has less than ``MIN_FREE_BYTES`` free (False when it cannot be asked)."""
-    try:
-        return shutil.disk_usage(path).free < MIN_FREE_BYTES
-    except OSError:
-        return False
-
-
-def disk_full_error(path: str | os.PathLike, exc: BaseException | None = None, folder: bool = False) -> DiskFullError:
-    """The one-line error for a write to the file ``path`` that found no space: what, where and how much is free
-    there. ``folder``: ``path`` is only the folder the write went to (the failing call did not name its file)."""
-    path = Path(path).absolute()
-    probe = path if folder else path.parent
+def free_bytes(path: str | os.PathLike) -> int | None:
+    """The bytes free on the disk holding ``path`` (its nearest existing folder), None when it cannot be asked."""
+    probe = Path(path).absolute()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     try:
-        free = f"{_bytes(shutil.disk_usage(probe).free)} free there"
+        return shutil.disk_usage(probe).free
     except OSError:
-        free = "free space unknown"
+        return None
+
+
+def nearly_full(path: str | os.PathLike) -> bool:
+    """Whether the disk holding ``path`` has less than ``MIN_FREE_BYTES`` free (False when it cannot be asked)."""
+    free = free_bytes(path)
+    return free is not None and free < MIN_FREE_BYTES
+
+
+def low_space_error(path: str | os.PathLike, free: int) -> DiskFullError:
+    """The one-line refusal of a folder whose disk has ``free`` bytes, under ``MIN_FREE_BYTES``, before anything is
+    written there: what it has and what it needs (no write has failed, so none is claimed)."""
+    return DiskFullError(
+        f"the disk holding {Path(path).absolute()} has {_bytes(free)} free, less than the {_bytes(MIN_FREE_BYTES)} a "
+        "run needs before it starts (Hydra writes its log and config there first); free some space there or set "
+        "run_root=<a folder on a disk with room>"
+    )
+
+
+def disk_full_error(
+    path: str | os.PathLike, exc: BaseException | None = None, folder: bool = False, kept: str | None = None
+) -> DiskFullError:
+    """The one-line error for a write to the file ``path`` that found no space: what, where and how much is free
+    there. ``folder``: ``path`` is only the folder the write went to (the failing call did not name its file).
+    ``kept``: what the failed write left as it was (e.g. "the earlier export at ... is kept"); by default the
+    general "what the run finished is kept"."""
+    path = Path(path).absolute()
+    free = free_bytes(path if folder else path.parent)
+    room = "free space unknown" if free is None else f"{_bytes(free)} free there"
     quota = " (the user's disk quota is used up)" if isinstance(exc, OSError) and exc.errno == errno.EDQUOT else ""
     what = f"a write under {path}" if folder else f"writing {path.name} in {path.parent}"
     return DiskFullError(
-        f"the disk is full{quota}: {what} failed ({free}); free some space there "
-        "(or set run_root=<a folder on a disk with room>) and rerun: what the run finished is kept"
+        f"the disk is full{quota}: {what} failed ({room}); free some space there "
+        f"(or set run_root=<a folder on a disk with room>) and rerun: {kept or 'what the run finished is kept'}"
     )

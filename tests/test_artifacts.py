@@ -523,3 +523,18 @@ def test_a_rank_waiting_for_the_world_another_rank_builds_gives_up_in_one_line(t
     assert "make it in one process first (python launch.py stage=bootstrap model=micro " in message
     assert "prompt_ids" not in message and "damaged" not in message
     assert [p.name for p in folder.iterdir()] == []  # the waiting rank wrote nothing there
+
+
+def test_a_run_root_with_too_little_room_is_refused_saying_what_it_has_and_needs(small_disk):
+    """The pre-check writes nothing, so its refusal claims no failed write: it states the space free and the
+    minimum (issue 62, item 3); a disk with more than the minimum free passes."""
+    from streakline.errors import MIN_FREE_BYTES, DiskFullError
+
+    tight, roomy = small_disk(1000), small_disk(MIN_FREE_BYTES // 1024 + 64)
+    with pytest.raises(DiskFullError) as refused:
+        artifacts.check_run_root(tight)
+    message = str(refused.value)
+    assert f"the disk holding {tight} has 1000.0 KiB free, less than the 1.0 MiB a run needs" in message
+    assert "failed" not in message and "set run_root=" in message and "\n" not in message
+    assert not any(tight.iterdir())  # refused before anything was written there
+    artifacts.check_run_root(roomy)
