@@ -9,7 +9,8 @@ stalls until the test lets it go, so the test can check what a rerun, or a secon
 ``kill_point(name)`` does nothing unless one of these variables names that point: ``STREAKLINE_KILL_AT`` (SIGKILL),
 ``STREAKLINE_DISK_FULL_AT`` (``OSError(ENOSPC)``, as a write to a full disk raises it) or ``STREAKLINE_STALL_AT``
 (print ``stalled at <point>`` to stderr, then wait until the file ``STREAKLINE_STALL_UNTIL`` exists, at most ten
-minutes). The points: ``distill:checkpointed:<tag>`` (DeepSpeed state saved, not yet exported),
+minutes). The points: ``distill:logged:<tag>`` (a step's metrics logged, maybe before any checkpoint),
+``distill:checkpointed:<tag>`` (DeepSpeed state saved, not yet exported),
 ``distill:exported:<tag>`` (exported, not yet marked), ``atomic:<file name>`` (an atomic write's temp file complete,
 not yet renamed; e.g. ``atomic:manifest.json``), ``remove:<folder name>`` (a folder ``artifacts.remove_tree``
 deletes, renamed away but not yet deleted; e.g. an old checkpoint ``trainer.keep_last`` prunes) and

@@ -256,15 +256,22 @@ class Trainer:
 
         A run killed at any point resumes from what its last checkpoint holds: the export of that checkpoint is
         redone when the kill came between the two (``EXPORTED`` names the last finished export), and the metrics
-        log loses the lines of steps after the checkpoint, which the resumed run logs again. The run's own
-        checkpoint wins over ``resume_from``, so a rerun of an extended run resumes itself."""
+        log loses the lines of steps after the checkpoint, which the resumed run logs again; one killed before its
+        first checkpoint starts again from step 0 with an empty log. The run's own checkpoint wins over
+        ``resume_from``, so a rerun of an extended run resumes itself."""
         if self.strategy.is_main:  # deletions (and writes) a kill cut short
             for folder in (self.ds_dir, self.run_dir / "checkpoints"):
                 if folder.is_dir():
                     sweep_temp_files(folder)
         latest = self.ds_dir / "latest"
         if not latest.is_file():
-            return self._start_from(self.cfg.resume_from) if self.cfg.resume_from else 0
+            if self.cfg.resume_from:
+                return self._start_from(self.cfg.resume_from)  # its _load forgets this log's steps past its own
+            if self.strategy.is_main:
+                # a start from step 0: an earlier attempt killed before its first checkpoint logged steps this one
+                # logs again, so the log starts afresh, as a resume forgets the steps after its checkpoint
+                self._forget_logged_after(-1)
+            return 0
         tag = latest.read_text().strip()
         step = self._load(self.ds_dir, tag)
         if self.strategy.is_main:
@@ -370,6 +377,7 @@ class Trainer:
                             "zero_stage": c.zero_stage,
                         }
                         self.tracker.log(last, step=done)
+                        kill_point(f"distill:logged:step-{done:06d}")  # the kill harness: logged, maybe not saved
                         bar.set_postfix(progress(last), refresh=False)
                 bar.update(1)
                 # trainer.max_minutes, asked at logging steps (the main rank's clock decides for all): this step is

@@ -94,8 +94,9 @@ def _cfg(**values):
     return OmegaConf.structured(TrainerConfig(**{**base, **values}))
 
 
-def _train(run_dir: Path, *, fit: bool = True, autocast: torch.dtype | None = None, **values) -> Trainer:
-    """A Trainer in ``run_dir`` (``values`` override the trainer settings), resumed and, with ``fit``, trained."""
+def _train(run_dir: Path, *, fit: bool = True, autocast: torch.dtype | None = None, evaluate=None, **values) -> Trainer:
+    """A Trainer in ``run_dir`` (``values`` override the trainer settings), resumed and, with ``fit``, trained;
+    ``evaluate``: the held-out check the trainer calls at its ``eval_every`` steps."""
     cfg = _cfg(**values)
     strategy = DeepSpeedStrategy(cfg, seed=0, autocast=autocast)
     drafter = Transformer(tiny_config("qwen2", attention="prefix_causal", mask_token_id=MASK)).init_weights(seed=1)
@@ -108,7 +109,8 @@ def _train(run_dir: Path, *, fit: bool = True, autocast: torch.dtype | None = No
         save_file({k: v.clone() for k, v in state.items()}, folder / "model.safetensors")  # clone: tied weights
         return folder
 
-    trainer = Trainer(strategy, engine, windows, cfg, run_dir, Tracker(run_dir / "metrics.jsonl"), export=export)
+    tracker = Tracker(run_dir / "metrics.jsonl")
+    trainer = Trainer(strategy, engine, windows, cfg, run_dir, tracker, evaluate=evaluate, export=export)
     start = trainer.resume()
     if fit:
         trainer.fit(start_step=start)
@@ -190,6 +192,35 @@ def test_a_kill_mid_prune_loses_nothing_and_the_next_start_finishes_it(tmp_path)
     _assert_same(reference, _weights(again))
     assert _tags(tmp_path) == ["step-000006", "step-000008"]
     assert _exports(tmp_path) == ["step-000004", "step-000006", "step-000008"]
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    """The steps of the metrics log's lines, in file order: a step logged twice appears twice."""
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class _Died(Exception):
+    """The first attempt's end: its process gone before it saved anything."""
+
+
+def test_a_restart_from_step_0_logs_every_step_once(tmp_path):
+    """An attempt that dies before its first checkpoint leaves nothing to resume, so the rerun starts at step 0 and
+    logs steps 1, 2, ... again; the dead attempt's lines go, and the log is an uninterrupted run's (issue 62,
+    item 4), as a resume from a checkpoint forgets the steps past it."""
+    reference = _logged(_train(tmp_path / "ref", max_steps=4, save_every=4).run_dir)
+
+    def dies_at_3(step):  # after step 3 is logged, before any save (save_every=4)
+        if step == 3:
+            raise _Died
+        return None
+
+    with pytest.raises(_Died):
+        _train(tmp_path / "run", max_steps=4, save_every=4, eval_every=1, evaluate=dies_at_3)
+    assert _logged_steps(tmp_path / "run") == [1, 2, 3] and not (tmp_path / "run" / "deepspeed" / "latest").exists()
+    again = _train(tmp_path / "run", max_steps=4, save_every=4)
+    assert again.start == 0
+    assert _logged_steps(tmp_path / "run") == [1, 2, 3, 4]
+    assert [_logged(tmp_path / "run")[s]["loss"] for s in range(1, 5)] == [reference[s]["loss"] for s in range(1, 5)]
 
 
 def test_resume_from_continues_another_run_bit_exactly(tmp_path, monkeypatch, capsys):

@@ -1,9 +1,10 @@
 """The kill harness: a stage's process SIGKILLed at named points across its life (``streakline/faults.py``), then
 rerun, must finish with exactly the outputs of an uninterrupted run, and leave no temp file behind.
 
-distill is killed four times in a row on one run (mid training after a checkpoint; after the last checkpoint but
-before its export, which once left a run that could never finish; after the export but before it was recorded;
-during the manifest write), trajectories, spot and spiffy once each while a shard or the graph is being written.
+distill is killed six times in a row on one run (before its first checkpoint, which restarts it from step 0 with
+the dead attempt's metrics gone; mid training after a checkpoint; after the last checkpoint but before its export,
+which once left a run that could never finish; after the export but before it was recorded; mid prune; during the
+manifest write), trajectories, spot and spiffy once each while a shard or the graph is being written.
 The killed processes are forked from a warm parent that has done the imports (``tests/forked_cli.py``).
 Run: ``python -m pytest tests/pipelines/test_kill_harness.py``."""
 
@@ -61,11 +62,12 @@ def _temp_files(folder: Path) -> list[Path]:
     return list(folder.rglob(".*.tmp"))  # an atomic write's file, or a folder remove_tree renamed away
 
 
-def _losses(folder: Path) -> dict[int, float]:
+def _loss_lines(folder: Path) -> list[tuple[int, float]]:
+    """(step, loss) of each training line of the metrics log, in file order: a step logged twice is there twice."""
     import json
 
     lines = (folder / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +75,13 @@ def root(micro_world):
     return micro_world[0]
 
 
-def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root, launcher):
+def test_distill_killed_six_times_finishes_like_an_uninterrupted_run(root, launcher):
     for experiment in ("kill-ref", "kill-distill"):
         run_stage(compose_config(_overrides(root, experiment, "trajectories")))
     reference = run_stage(compose_config(_overrides(root, "kill-ref", "distill", *TRAIN)))
     args = _overrides(root, "kill-distill", "distill", *TRAIN)
     for point in (
+        "distill:logged:step-000002",  # before the first checkpoint: restarts from step 0, steps 1-2 logged again
         "distill:checkpointed:step-000003",  # mid training: resumes from step 3
         "distill:checkpointed:step-000006",  # last checkpoint saved, never exported
         "distill:exported:step-000006",  # exported, not recorded as exported
@@ -97,7 +100,7 @@ def test_distill_killed_five_times_finishes_like_an_uninterrupted_run(root, laun
     # keep_last=1: one DeepSpeed checkpoint left, and nothing of the one whose deletion was cut short
     assert sorted(p.name for p in (run / "deepspeed").iterdir() if p.is_dir()) == ["step-000006"]
     # every step logged once, with the uninterrupted run's losses; the final metrics recovered from the log
-    assert _losses(run) == _losses(reference.folder) and sorted(_losses(run)) == list(range(1, 7))
+    assert _loss_lines(run) == _loss_lines(reference.folder) and [s for s, _ in _loss_lines(run)] == list(range(1, 7))
     for key, value in read_manifest(reference.folder).metrics.items():
         if not key.startswith("label_tokens"):  # a throughput: wall-clock, not a result
             assert read_manifest(run).metrics[key] == value, key
