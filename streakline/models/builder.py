@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from . import cpu_linear
 from .checkpoint import CheckpointError, folder_family, load_pretrained, read_config
 from .config import SHAPE_FIELDS, TransformerConfig
 from .dflash import DFlashConfig, DFlashModel
@@ -111,16 +112,21 @@ def build(
     DFlash preset or folder (``is_dflash``) a ``DFlashModel``, which drafts only after ``share(verifier)``.
 
     ``inference``: frozen and in eval mode, and on one GPU its q/k/v and gate/up projections fused
-    (``Transformer.fuse_projections``: fewer, larger matmuls per decode step). On a CPU the weights stay as the
-    checkpoint has them, so CPU results do not move by a rounding."""
+    (``Transformer.fuse_projections``: fewer, larger matmuls per decode step). On a CPU a bf16 model's Linear layers
+    take the skinny decode kernel where this CPU runs it (``cpu_linear.py``), fused as well, since that kernel gives
+    a fused matrix's rows exactly what the separate ones give; elsewhere on a CPU the weights stay as the checkpoint
+    has them, so CPU results do not move by a rounding."""
     dtype = _dtype(preset, dtype)
     make = _build_dflash if is_dflash(preset, role) else _build
     model = make(preset, role, dtype=dtype, device=device, seed=seed)
     if inference:
         model.eval().requires_grad_(False)
         # a DFlash drafter's parameters are its layers' (the embedding is the verifier's, shared later)
-        if model.layer_devices is None and next(model.parameters()).device.type == "cuda":
+        on = next(model.parameters()).device.type
+        if model.layer_devices is None and on == "cuda":
             model.fuse_projections()
+        elif on == "cpu" and dtype == torch.bfloat16 and cpu_linear.available():
+            cpu_linear.use_kernels(model.fuse_projections())
     return model
 
 

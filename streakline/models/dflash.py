@@ -40,6 +40,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from . import cpu_linear
 from .config import TransformerConfig
 from .draft_vocab import DraftVocab
 from .kv_cache import KVCache
@@ -192,7 +193,7 @@ class DFlashModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., V]`` over the verifier's head, or ``[..., N]`` over a draft vocabulary's (``use_vocab``)."""
         weight = self.output_weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+        return cpu_linear.linear(hidden, weight)  # F.linear but for a CPU decode's few rows (cpu_linear.py)
 
     def _rotary(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_tables(pos, self.config.head_dim, self.config.rope_theta, dtype)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from . import cpu_linear
 from .attention import attend
 from .config import TransformerConfig
 from .kv_cache import KVCache
@@ -99,7 +100,8 @@ class Attention(nn.Module):
         hkv, d = self.num_kv_heads, self.head_dim
         if self.qkv_proj is not None:  # the k and v rows of the fused matrix only: no queries for context rows
             q_rows = self.num_heads * d
-            k, v = F.linear(x, self.qkv_proj.weight[q_rows:], _rows(self.qkv_proj.bias, q_rows)).split(hkv * d, dim=-1)
+            w, b = self.qkv_proj.weight[q_rows:], _rows(self.qkv_proj.bias, q_rows)
+            k, v = cpu_linear.linear(x, w, b).split(hkv * d, dim=-1)  # F.linear, or the kernel as qkv_proj takes it
         else:
             k, v = self.k_proj(x), self.v_proj(x)
         k, v = k.view(B, T, hkv, d), v.view(B, T, hkv, d)
@@ -337,7 +339,7 @@ class Transformer(nn.Module):
         # strided 3D slice (``h[:, -1:]``) sends bf16 F.linear on CPU through bmm with a copy of the whole weight
         # (49152 x 576 for SmolLM2: a second per prefill)
         flat = hidden.to(self.output_weight.device).reshape(-1, hidden.shape[-1]).contiguous()
-        return F.linear(flat, self.output_weight).view(*hidden.shape[:-1], -1)
+        return cpu_linear.linear(flat, self.output_weight).view(*hidden.shape[:-1], -1)
 
     def forward(self, input_ids: torch.Tensor, *, logits_to_keep: int = 0, **kwargs) -> torch.Tensor:
         """Logits ``[B, T, V]`` (or ``[B, logits_to_keep, V]`` for the last positions only), on ``input_ids``'s
