@@ -11,7 +11,8 @@ stalls until the test lets it go, so the test can check what a rerun, or a secon
 (print ``stalled at <point>`` to stderr, then wait until the file ``STREAKLINE_STALL_UNTIL`` exists, at most ten
 minutes). The points: ``distill:logged:<tag>`` (a step's metrics logged, maybe before any checkpoint),
 ``distill:checkpointed:<tag>`` (DeepSpeed state saved, not yet exported),
-``distill:exported:<tag>`` (exported, not yet marked), ``atomic:<file name>`` (an atomic write's temp file complete,
+``distill:exported:<tag>`` (exported, not yet marked), ``distill:trained`` (trained and exported, the final
+``drafter/`` not yet written), ``atomic:<file name>`` (an atomic write's temp file complete,
 not yet renamed; e.g. ``atomic:manifest.json``), ``remove:<folder name>`` (a folder ``artifacts.remove_tree``
 deletes, renamed away but not yet deleted; e.g. an old checkpoint ``trainer.keep_last`` prunes) and
 ``run:<stage>:locked`` (a run has taken its folder's lock and written nothing yet).

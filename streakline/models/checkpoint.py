@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from streakline.artifacts import disk_full_error, is_disk_full
-from streakline.errors import UserError
+from streakline.errors import DiskFullError, UserError
 
 from .config import FAMILIES, FamilySpec, TransformerConfig
 from .meta import on_meta
@@ -380,23 +380,15 @@ def save_pretrained(
     state = {theirs: params[ours].detach().contiguous().cpu() for ours, theirs in names.items()}
     dtype = next(iter(state.values())).dtype
 
-    folder = Path(folder).absolute()
-    tmp = _temp_folder(folder)
-    try:
-        (tmp / "config.json").write_text(json.dumps(hf_config(cfg, family, dtype), indent=2) + "\n")
+    with StagedFolder(folder) as out:  # whole or absent; a full disk names its file, the earlier export kept
+        out.file("config.json").write_text(json.dumps(hf_config(cfg, family, dtype), indent=2) + "\n")
         if max_shard_bytes is None:
-            save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
+            save_weights(state, out.file("model.safetensors"), metadata={"format": "pt"})
         else:
-            _save_sharded(state, tmp, _greedy_shards(state, max_shard_bytes))
+            _save_sharded(state, out, _greedy_shards(state, max_shard_bytes))
         if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        _swap_into_place(tmp, folder)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(exc):  # the earlier export at ``folder`` is untouched; say so in one line
-            raise disk_full_error(folder / "model.safetensors", exc) from exc
-        raise
-    return folder
+            tokenizer.save_pretrained(out.files("the tokenizer's files"))
+    return out.folder
 
 
 def _greedy_shards(state: dict[str, torch.Tensor], max_bytes: int) -> dict[str, str]:
@@ -414,16 +406,17 @@ def _greedy_shards(state: dict[str, torch.Tensor], max_bytes: int) -> dict[str, 
     return {name: f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i, g in enumerate(groups) for name in g}
 
 
-def _save_sharded(state: dict[str, torch.Tensor], folder: Path, plan: dict[str, str]) -> None:
-    """Write ``state`` as the shard files ``plan`` (tensor name -> file name) names, plus the index."""
+def _save_sharded(state: dict[str, torch.Tensor], out: StagedFolder, plan: dict[str, str]) -> None:
+    """Write ``state`` into the staged folder ``out`` as the shard files ``plan`` (tensor name -> file name) names,
+    plus the index."""
     files: dict[str, dict[str, torch.Tensor]] = {}
     for name, t in state.items():
         files.setdefault(plan[name], {})[name] = t
     for fname, shard in files.items():
-        save_weights(shard, folder / fname, metadata={"format": "pt"})
+        save_weights(shard, out.file(fname), metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": {name: plan[name] for name in state}}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    out.file("model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _swap_into_place(tmp: Path, folder: Path) -> None:
@@ -435,6 +428,89 @@ def _swap_into_place(tmp: Path, folder: Path) -> None:
     os.replace(folder, old)
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+class StagedFolder:
+    """A checkpoint folder written whole or not at all: the ``with`` block writes into a fresh folder beside
+    ``folder`` (``_temp_folder``), which replaces ``folder`` when the block ends and is removed when it raises, so
+    ``folder`` is then as it was (the earlier export, or absent). A full disk met in the block is a one-line
+    ``DiskFullError`` naming the file that failed (as ``folder``'s file: the temporary name means nothing to a user)
+    and what was kept; ``kept`` adds what the caller keeps besides (the export a copy was made from, say).
+
+        with StagedFolder(folder) as out:
+            out.file("config.json").write_text(text)           # the path to write, and the name a failure gives
+            save_weights(state, out.file("model.safetensors"))
+            tokenizer.save_pretrained(out.files("the tokenizer's files"))  # a library's write of several files
+    """
+
+    def __init__(self, folder: str | os.PathLike, kept: str | None = None) -> None:
+        self.folder, self.kept = Path(folder).absolute(), kept
+        self.current = "its first file"  # what is being written, as a failure names it (relative to the folder)
+
+    def __enter__(self) -> StagedFolder:
+        self.existed = self.folder.exists()
+        self.tmp = _temp_folder(self.folder)
+        return self
+
+    def file(self, name: str) -> Path:
+        """The path in the staged folder to write the file ``name`` (relative to the folder) at, its parents made."""
+        self.current = name
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def files(self, what: str) -> Path:
+        """The staged folder itself, for a call that writes several files into it that it does not name one by one
+        (a tokenizer's ``save_pretrained``); ``what`` is what a failure then names ("the tokenizer's files")."""
+        self.current = what
+        return self.tmp
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None:
+            try:
+                _swap_into_place(self.tmp, self.folder)
+                return False
+            except BaseException as failed:
+                exc = failed
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if isinstance(exc, DiskFullError) or is_disk_full(exc):
+            cause = exc.__cause__ if isinstance(exc, DiskFullError) and exc.__cause__ is not None else exc
+            raise disk_full_error(self.folder / self.current, cause, kept=self._kept_text()) from cause
+        if kind is None:  # the swap itself failed
+            raise exc
+        return False
+
+    def _kept_text(self) -> str:
+        had = (
+            f"{self.folder} is the earlier one, untouched"
+            if self.existed
+            else f"{self.folder} was not written (no half-written copy is left)"
+        )
+        return had + (f", and {self.kept}" if self.kept else "")
+
+
+def copy_files(source: Path, out: StagedFolder, skip=lambda name: False) -> int:
+    """Copy every file under ``source`` into the staged folder ``out`` one by one (``out.file``: a full disk names
+    the file), folders and links followed (a link is copied as the file it points at: the copy stands alone); a
+    file or folder whose name ``skip`` says is left out with all it holds. Returns the files copied."""
+    copied = 0
+    for top, dirs, names in os.walk(source, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not skip(d))
+        rel = Path(top).relative_to(source)
+        for name in sorted(n for n in names if not skip(n)):
+            shutil.copy2(Path(top) / name, out.file(str(rel / name)))
+            copied += 1
+    return copied
+
+
+def copy_folder(source: str | os.PathLike, folder: str | os.PathLike, kept: str | None = None) -> Path:
+    """Copy the checkpoint folder ``source`` to ``folder``, whole or not at all (``StagedFolder``: a full disk
+    names the file whose copy failed; ``kept`` as there). What stage=distill's final ``drafter/`` is: a copy of
+    its best or last export."""
+    source = Path(source).absolute()
+    with StagedFolder(folder, kept=kept) as out:
+        copy_files(source, out)
+    return out.folder
 
 
 # The plain AR class whose weights a diffusion family shares: what `transformers` can load without remote code

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -38,9 +37,8 @@ from .checkpoint import (
     _LAYER_NAMES,
     _QK_NORM_NAMES,
     CheckpointError,
+    StagedFolder,
     _read_safetensors,
-    _swap_into_place,
-    _temp_folder,
     save_weights,
 )
 from .config import TransformerConfig
@@ -150,18 +148,12 @@ def save_dflash(
     dtype = state["fc.weight"].dtype
     name = verifier_name or cfg.verifier
     config = speculators_config(cfg, dtype, name, verifier_architecture)
-    folder = Path(folder).absolute()
-    tmp = _temp_folder(folder)
-    try:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
+    with StagedFolder(folder) as out:  # whole or absent; a full disk names its file, the earlier export kept
+        out.file("config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_weights(state, out.file("model.safetensors"), metadata={"format": "pt"})
         if _local_path(name):
-            (tmp / MOVING_NOTE).write_text(_moving_note(name))
-        _swap_into_place(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return folder
+            out.file(MOVING_NOTE).write_text(_moving_note(name))
+    return out.folder
 
 
 MOVING_NOTE = "README.md"  # written beside an export whose verifier is named by a local path

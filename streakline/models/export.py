@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -20,9 +19,9 @@ import torch
 
 from .checkpoint import (
     CheckpointError,
+    StagedFolder,
     _save_sharded,
-    _swap_into_place,
-    _temp_folder,
+    copy_files,
     load_state,
     read_config,
     save_weights,
@@ -92,16 +91,15 @@ def export_like(
         )
     state = {k: state[k] for k in keys}  # the source's order
 
-    tmp = _temp_folder(folder)
-    try:
-        _copy_non_weights(source, tmp)
-        (tmp / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    with StagedFolder(folder) as out:  # whole or absent; a full disk names its file, the earlier export kept
+        _copy_non_weights(source, out)
+        out.file("config.json").write_text(json.dumps(raw, indent=2) + "\n")
         if plan is None:
-            save_weights(state, tmp / "model.safetensors", metadata={"format": "pt"})
+            save_weights(state, out.file("model.safetensors"), metadata={"format": "pt"})
         else:
-            _save_sharded(state, tmp, plan)
+            _save_sharded(state, out, plan)
         if tokenizer is not None and not _has_same_tokenizer(source, tokenizer):
-            tokenizer.save_pretrained(tmp)
+            tokenizer.save_pretrained(out.files("the tokenizer's files"))
         record = {
             "source": str(source),
             **(provenance or {}),
@@ -110,11 +108,7 @@ def export_like(
             # this back; load_pretrained reads config.json, and a preset supplies the behaviour)
             "model": {k: getattr(cfg, k) for k in ("family", "attention", "shift", "block_size", "mask_token_id")},
         }
-        (tmp / PROVENANCE_NAME).write_text(json.dumps(record, indent=2, default=str) + "\n")
-        _swap_into_place(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        out.file(PROVENANCE_NAME).write_text(json.dumps(record, indent=2, default=str) + "\n")
     return folder
 
 
@@ -122,18 +116,12 @@ def _is_weight_file(name: str) -> bool:
     return name.startswith(".") or name.endswith(_WEIGHT_SUFFIXES)
 
 
-def _copy_non_weights(source: Path, dest: Path) -> None:
-    """Copy every file and subfolder of ``source`` but weight and hidden files. Links (a Hugging Face cache
-    snapshot's links into its blobs) are copied as the files they point at: the export must stand alone."""
-    for entry in source.iterdir():
-        if _is_weight_file(entry.name):
-            continue
-        if entry.is_dir():
-            copied = shutil.copytree(entry, dest / entry.name, ignore=lambda _, n: [x for x in n if _is_weight_file(x)])
-            if not any(p.is_file() for p in copied.rglob("*")):  # a folder of weights only (e.g. original/*.pth)
-                shutil.rmtree(copied)
-        else:
-            shutil.copy2(entry, dest / entry.name)
+def _copy_non_weights(source: Path, out: StagedFolder) -> None:
+    """Copy every file and subfolder of ``source`` but weight and hidden files into the staged export ``out``, one
+    file at a time (a full disk names the file). Links (a Hugging Face cache snapshot's links into its blobs) are
+    copied as the files they point at: the export must stand alone. A folder of weights only (e.g.
+    ``original/*.pth``) is left out whole."""
+    copy_files(source, out, skip=_is_weight_file)
 
 
 def _source_layout(source: Path) -> tuple[list[str], dict[str, str] | None, torch.dtype | None]:

@@ -17,7 +17,8 @@ complete run with the same key: drafter, trajectories folder, gamma, method, tra
    streak on a few prompts), checkpoints every ``trainer.save_every`` steps (the last ``trainer.keep_last``
    DeepSpeed ones kept, and ``trainer.keep_exports`` of the exports, default all);
 5. the final drafter as a Hugging Face folder ``drafter/`` (LoRA merged, ``alignment/lora.py``) that
-   ``stage=decode`` loads with ``model.drafter.path=<run>/drafter``; the runner writes the manifest last. Every
+   ``stage=decode`` loads with ``model.drafter.path=<run>/drafter``: a copy of the best or last export, written
+   beside it and renamed into place, so it is whole or absent; the runner writes the manifest last. Every
    export is a copy of the drafter's checkpoint folder with only the weights replaced (``export_like``: its
    config.json, dtype, shard layout and extra files kept, provenance in ``streakline.json``), so ``transformers``
    loads it like the original.
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,8 @@ from streakline.alignment.losses import TEACHER_LOSSES
 from streakline.alignment.stopping import epoch_steps, pass_steps, step_examples
 from streakline.artifacts import MANIFEST_NAME, ArtifactError, StageRun, config_hash, find_complete, read_manifest
 from streakline.config import ConfigError, compose_config
+from streakline.faults import kill_point
+from streakline.models.checkpoint import copy_folder
 from streakline.world import attach_world
 
 from .common.kinds import drafter_kind
@@ -270,11 +272,12 @@ class Distill(Stage):
             last = trainer.fit(start_step=start)
             strategy.barrier()
             if strategy.is_main:
-                final = out / "drafter"
-                if final.exists():
-                    shutil.rmtree(final)
-                # with trainer.patience the best held-out check's weights, else the last
-                shutil.copytree(trainer.best_export or trainer.last_export, final)
+                kill_point("distill:trained")  # the kill harness: trained and exported, drafter/ not yet written
+                # with trainer.patience the best held-out check's weights, else the last; copied beside drafter/
+                # and renamed into place, so drafter/ is whole or absent (a full disk names the file and keeps
+                # the export, from which a rerun copies it again)
+                chosen = trainer.best_export or trainer.last_export
+                copy_folder(chosen, out / "drafter", kept=f"the export it copies, {chosen}, is kept")
                 stage_run.add_output("drafter")
                 stage_run.add_output("metrics.jsonl")
                 steps = trainer.stopped_at or cfg.trainer.max_steps

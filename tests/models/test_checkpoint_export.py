@@ -251,3 +251,55 @@ def test_what_a_killed_export_leaves_is_swept_when_its_stage_starts_again(tmp_pa
     save_pretrained(Transformer(tiny_config("qwen2")).init_weights(seed=0), tmp_path / "checkpoints" / "step-000003")
     assert sweep_temp_files(tmp_path) == 1
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-000003"]
+
+
+# ------------------------------------------------------------------------------------------------ a full disk
+def _bytes_of(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_copy_that_meets_a_full_disk_names_its_file_and_leaves_the_folder_whole_or_absent(tmp_path, small_disk):
+    """``copy_folder`` (stage=distill's final ``drafter/``) on a real small filesystem: with an earlier copy in
+    place the second does not fit, and the earlier one stays byte for byte; with no earlier copy and no room, the
+    folder is absent. Either way the one line names the file whose copy failed and says what was kept, and no
+    half-written copy is left beside it (issue 62, item 2)."""
+    from streakline.errors import DiskFullError
+    from streakline.models.checkpoint import copy_folder
+
+    first = save_pretrained(Transformer(tiny_config("qwen2")).init_weights(seed=1), tmp_path / "first")
+    second = save_pretrained(Transformer(tiny_config("qwen2")).init_weights(seed=2), tmp_path / "second")
+    size = sum(len(b) for b in _bytes_of(first).values())
+    disk = small_disk(size * 3 // 2 // 1024 + 8)  # room for one copy, not for a second beside it
+    copy_folder(first, disk / "drafter")
+    assert _bytes_of(disk / "drafter") == _bytes_of(first)
+    with pytest.raises(DiskFullError) as full:
+        copy_folder(second, disk / "drafter", kept="the export it copies is kept")
+    message = str(full.value)
+    assert f"the disk is full: writing model.safetensors in {disk / 'drafter'} failed (" in message
+    assert f"{disk / 'drafter'} is the earlier one, untouched, and the export it copies is kept" in message
+    assert _bytes_of(disk / "drafter") == _bytes_of(first)
+    assert [p.name for p in disk.iterdir()] == ["drafter"]
+
+    empty = small_disk(size // 2 // 1024)  # not even one copy fits
+    with pytest.raises(DiskFullError, match=r"writing model\.safetensors in .* was not written \(no half-written"):
+        copy_folder(second, empty / "drafter")
+    assert not any(empty.iterdir())
+
+
+def test_an_export_that_meets_a_full_disk_in_its_tokenizer_names_that_write(tmp_path, small_disk):
+    """A full disk after the weights, in the tokenizer files a library writes: the line names that write, not
+    the weights, and the export is absent."""
+    import os
+
+    from streakline.errors import DiskFullError
+
+    model = Transformer(tiny_config("qwen2")).init_weights(seed=1)
+    probe = save_pretrained(model, tmp_path / "probe")  # config.json and the weights alone, one page rounding each
+    pages = sum(-(-p.stat().st_size // 4096) for p in probe.iterdir())
+    disk = small_disk(pages * 4 + 64)
+    free = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:  # leave the weights and config.json their pages, nothing more
+        f.write(b"\0" * (free.f_bavail * free.f_frsize - pages * 4096))
+    with pytest.raises(DiskFullError, match=r"writing the tokenizer's files in .*export failed"):
+        save_pretrained(model, disk / "export", tokenizer=_tokenizer(tmp_path / "tok"))
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]

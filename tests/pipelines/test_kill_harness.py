@@ -9,6 +9,7 @@ The killed processes are forked from a warm parent that has done the imports (``
 Run: ``python -m pytest tests/pipelines/test_kill_harness.py``."""
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -167,3 +168,59 @@ def test_a_sigterm_says_what_was_kept_and_the_rerun_goes_on(root, tmp_path):
     assert "Traceback" not in err
     done = run_stage(compose_config(args))
     assert done.details["generated_shards"] == [1] and len(load_trajectories(done.artifact)) == 12
+
+
+FINAL = ["method=ce_streak", "trainer.max_steps=2", "trainer.save_every=2", "trainer.eval_every=2",
+         "trainer.log_every=1", "trainer.eval_prompts=2", "trainer.micro_batch_size=2",
+         "trainer.windows_per_seq=4"]  # fmt: skip
+
+
+def test_a_full_disk_at_the_final_export_leaves_no_half_drafter_and_the_rerun_writes_it(root, tmp_path, small_disk):
+    """The run's distill folder on a real small filesystem, filled while the trained run waits to write its final
+    ``drafter/`` (stalled at ``distill:trained``): the copy fails in one line naming the file and saying what was
+    kept, ``drafter/`` is absent rather than half written, and a rerun after space is freed writes it whole from
+    the kept export (issue 62, item 2)."""
+    import subprocess
+    import sys
+    import time
+
+    from streakline.faults import STALL_AT, STALL_UNTIL
+
+    run_stage(compose_config(_overrides(root, "full-final", "trajectories")))
+    disk = small_disk(64 * 1024)
+    Path(root, "full-final", "distill").symlink_to(disk)  # the distill runs of this experiment live on it
+    args = _overrides(root, "full-final", "distill", *FINAL)
+    go = tmp_path / "go"
+    env = dict(os.environ, **{STALL_AT: "distill:trained", STALL_UNTIL: str(go), "WANDB_MODE": "disabled"})
+    proc = subprocess.Popen([sys.executable, "launch.py", *args], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    seen = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen.append(line)
+        if "stalled at" in line or not line:
+            break
+    assert "stalled at distill:trained" in seen[-1], "".join(seen)[-3000:]
+    (on_disk,) = disk.iterdir()
+    run = Path(root, "full-final", "distill", on_disk.name)  # as the run names it (through the link)
+    export = run / "checkpoints" / "step-000002"
+    files = {p.name: p.read_bytes() for p in export.iterdir()}
+    stat = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:  # leave half of what the copy needs
+        f.write(b"\0" * (stat.f_bavail * stat.f_frsize - sum(map(len, files.values())) // 2 // 4096 * 4096))
+    go.touch()
+    err = "".join(seen) + proc.stderr.read()
+    assert proc.wait(timeout=120) == 2, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("streakline: ")]
+    assert len(said) == 1 and "Traceback" not in err, err[-3000:]
+    named = re.search(rf"the disk is full: writing (\S+) in {re.escape(str(run / 'drafter'))} failed \(", said[0])
+    assert named and named.group(1) in files, said[0]
+    assert f"{run / 'drafter'} was not written (no half-written copy is left)" in said[0]
+    assert f"the export it copies, {export}, is kept" in said[0]
+    assert not (run / "drafter").exists() and not _temp_files(run) and read_manifest(run).status == "failed"
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == files
+
+    (disk / "filler").unlink()
+    done = run_stage(compose_config(args))
+    assert done.folder == run and read_manifest(run).status == "complete"
+    assert {p.name: p.read_bytes() for p in (run / "drafter").iterdir()} == files
