@@ -45,6 +45,7 @@ from .config import TransformerConfig
 from .dflash import DFlashConfig, DFlashModel
 from .draft_vocab import DraftVocab, DraftVocabError
 from .meta import on_meta
+from .tokenizer import tokenizer_hash
 
 SPECULATORS_VERSION = "0.9.0"  # the release whose format this writes (and whose model the interop test loads)
 ARCHITECTURE = "DFlashDraftModel"
@@ -132,9 +133,13 @@ def save_dflash(
     *,
     verifier_name: str | None = None,
     verifier_architecture: str | None = None,
+    tokenizer=None,
 ) -> Path:
     """Write ``model`` as a ``speculators`` DFlash checkpoint, atomically (a half-written export never replaces a
-    good one). ``verifier_name``: the verifier's hub id or path, which ``vllm serve <folder>`` loads as the target."""
+    good one). ``verifier_name``: the verifier's hub id or path, which ``vllm serve <folder>`` loads as the target.
+    ``tokenizer``: the verifier's, whose ids the drafter (its mask token, its draft vocabulary's maps) was trained
+    in; recorded as ``TOKENIZER_FIELD``, so that loading it against another tokenizer is refused
+    (``check_tokenizer``)."""
     cfg = model.dflash
     if not (verifier_name or cfg.verifier):
         raise ValueError(
@@ -148,12 +153,62 @@ def save_dflash(
     dtype = state["fc.weight"].dtype
     name = verifier_name or cfg.verifier
     config = speculators_config(cfg, dtype, name, verifier_architecture)
+    if tokenizer is not None:
+        config[TOKENIZER_FIELD] = tokenizer_identity(tokenizer)
     with StagedFolder(folder) as out:  # whole or absent; a full disk names its file, the earlier export kept
         out.file("config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_weights(state, out.file("model.safetensors"), metadata={"format": "pt"})
         if _local_path(name):
             out.file(MOVING_NOTE).write_text(_moving_note(name))
     return out.folder
+
+
+# The tokenizer a drafter was trained in, beside speculators' own fields in config.json (its config class keeps
+# unknown top-level keys, so speculators and vLLM still load the export): {"hash": tokenizer_hash, "vocab_size":
+# its number of tokens}. A DFlash drafter's ids are its verifier's (its mask token, its draft vocabulary's t2d/d2t),
+# so under a verifier whose tokenizer numbers tokens otherwise it drafts the wrong tokens, silently.
+TOKENIZER_FIELD = "streakline_tokenizer"
+
+
+class TokenizerMismatchError(CheckpointError):
+    """A DFlash drafter loaded against a verifier whose tokenizer is not the one it was trained in."""
+
+
+def tokenizer_identity(tokenizer) -> dict[str, int | str]:
+    """What an export records of the tokenizer it was trained in: ``{"hash": ..., "vocab_size": ...}``."""
+    return {"hash": tokenizer_hash(tokenizer), "vocab_size": len(tokenizer)}
+
+
+def recorded_tokenizer(folder: str | os.PathLike) -> dict | None:
+    """The tokenizer a DFlash export records (``TOKENIZER_FIELD``), None when it records none."""
+    try:
+        raw = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # not readable: loading the folder says why
+    recorded = raw.get(TOKENIZER_FIELD) if isinstance(raw, dict) else None
+    return recorded if isinstance(recorded, dict) and recorded.get("hash") else None
+
+
+def check_tokenizer(folder: str | os.PathLike, tokenizer) -> None:
+    """Refuse (``TokenizerMismatchError``, one line with both hashes and the fix) the DFlash drafter at ``folder``
+    for a verifier whose tokenizer is ``tokenizer`` when the export records another one.
+
+    An export that records none passes silently: exports from before the field, and every published drafter
+    (speculators', the authors' ``z-lab/*``), never carry it, so a warning would greet every hub drafter without
+    saying anything the user could act on; ``DFlashModel.share`` still refuses a verifier of another vocabulary
+    size."""
+    recorded = recorded_tokenizer(folder)
+    if recorded is None or tokenizer is None:
+        return
+    mine = tokenizer_identity(tokenizer)
+    if recorded["hash"] == mine["hash"]:
+        return
+    raise TokenizerMismatchError(
+        f"the DFlash drafter at {folder} was trained in the tokenizer {recorded['hash']} "
+        f"({recorded.get('vocab_size', '?')} tokens), but the verifier's is {mine['hash']} ({mine['vocab_size']} "
+        "tokens): its ids (mask token, draft vocabulary) would name other tokens; decode it with the verifier it was "
+        "trained against, or distill a drafter for this verifier (stage=distill with this model.verifier)"
+    )
 
 
 MOVING_NOTE = "README.md"  # written beside an export whose verifier is named by a local path
@@ -295,13 +350,19 @@ _IGNORED_TENSORS = ("embed_tokens.weight", "lm_head.weight", "verifier_lm_head.w
 
 
 def load_dflash(
-    folder: str | os.PathLike, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    folder: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    tokenizer=None,
 ) -> DFlashModel:
     """A DFlash drafter from its checkpoint folder (``speculators`` or authors' format), on ``device``; call
     ``share(verifier)`` before drafting. Stored embedding/head copies (older ``speculators`` releases) are ignored:
-    the verifier's own are used."""
+    the verifier's own are used. ``tokenizer``: the verifier's, refused when the export records another one
+    (``check_tokenizer``)."""
     folder = Path(folder)
     cfg = read_dflash_config(folder)
+    check_tokenizer(folder, tokenizer)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder} holds no .safetensors weights; copy or download the drafter again")

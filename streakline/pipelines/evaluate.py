@@ -37,16 +37,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from streakline.artifacts import StageRun
 from streakline.config import ConfigError
-from streakline.decoding.registry import BLOCK_DRAFTED
+from streakline.decoding.registry import BLOCK_DRAFTED, needs_drafter_model
 from streakline.evaluation.figures import draw_all
 from streakline.evaluation.methods import EvalMethod
 from streakline.evaluation.results import hardware, line_name, versions, write_results
 from streakline.evaluation.suite import evaluate_methods
+from streakline.models import locate
 
 from .common.fingerprints import roles_parts
 from .common.kinds import DRAFTER_KINDS, DrafterKind, drafter_kind, preset_rows
 from .common.lookup import distill_checkpoints, distill_runs, frozen_precision, locate_block_artifact, stage_settings
 from .common.prompts import evaluation_inputs
+from .common.roles import check_drafter_tokenizer, role_tokenizer
 from .runner import Stage, StageResult
 
 # decoder=dflash_lookup's rule (decoding/mixed.py): a new rule decodes other rows, so runs that use it get a new key
@@ -77,6 +79,8 @@ class Evaluate(Stage):
                 f"{list(cfg.stage.temperatures)}; use decoder.acceptance=greedy_acceptance (it is exact_greedy at "
                 "temperature 0) or stage.temperatures=[0.0]"
             )
+        methods = [EvalMethod.from_config(m) for m in cfg.stage.methods] if cfg.stage.methods else discover(cfg)
+        check_drafter_tokenizers(cfg, methods)  # before any folder is made or row decoded
 
     def key(self, cfg: DictConfig) -> dict[str, Any]:
         """The methods (given or discovered: a new distill run changes the key), the settings and the models."""
@@ -225,6 +229,21 @@ def discover(cfg: DictConfig) -> list[EvalMethod]:
             if artifacts:
                 methods.append(EvalMethod(name, name, artifact=artifacts))
     return methods
+
+
+def check_drafter_tokenizers(cfg: DictConfig, methods: list[EvalMethod]) -> None:
+    """Refuse (one line, both hashes and the fix) a drafter folder some row decodes whose export records another
+    tokenizer than the verifier's (``roles.check_drafter_tokenizer``): a DFlash drafter's ids are the verifier's,
+    so under another tokenizer every row would run, silently drafting the wrong tokens."""
+    drafting = [m for m in methods if needs_drafter_model(m.decoder)]
+    if not drafting:
+        return
+    folders = {m.drafter for m in drafting if m.drafter}
+    if any(not m.drafter for m in drafting):  # a row of the preset's own drafter
+        folders.add(locate(cfg.model.drafter, "drafter"))
+    tokenizer = role_tokenizer(cfg, "verifier")
+    for folder in sorted(str(f) for f in folders if f is not None):
+        check_drafter_tokenizer(folder, tokenizer)
 
 
 def _start_rows(kind: DrafterKind, runs: list[dict[str, Any]]) -> list[EvalMethod]:

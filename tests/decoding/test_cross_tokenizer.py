@@ -1,8 +1,5 @@
 """Cross-tokenizer drafting: token-string maps, lossless output, and a perfect drafter behind a permuted vocabulary."""
 
-import json
-import shutil
-
 import pytest
 import torch
 
@@ -14,31 +11,17 @@ from streakline.decoding.speculative import SpecConfig, generate
 from streakline.decoding.vanilla import greedy_generate
 from streakline.models import Transformer
 from streakline.models.tokenizer import load_tokenizer
-from tests.models.helpers import tiny_config
+from tests.models.helpers import permuted_tokenizer, tiny_config
 
 TEXTS = [r["text"] for r in math_texts("train", 300, seed=0)]
 TEXT = "Sam has 3 apples and"
-
-
-def _permuted(folder, out, seed=0):
-    """A copy of a tokenizer folder whose non-special ids are shuffled: same strings, other ids."""
-    shutil.copytree(folder, out)
-    spec = json.loads((out / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    fixed = {t["id"] for t in spec["added_tokens"]}
-    movable = sorted(i for i in vocab.values() if i not in fixed)
-    perm = torch.randperm(len(movable), generator=torch.Generator().manual_seed(seed)).tolist()
-    new_id = {old: movable[p] for old, p in zip(movable, perm, strict=True)}
-    spec["model"]["vocab"] = {t: new_id.get(i, i) for t, i in vocab.items()}
-    (out / "tokenizer.json").write_text(json.dumps(spec))
-    return new_id
 
 
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok")
     a = train_tokenizer(TEXTS, root / "a", vocab_size=420)
-    new_id = _permuted(a, root / "b")
+    new_id = permuted_tokenizer(a, root / "b")
     c = train_tokenizer(TEXTS[:150], root / "c", vocab_size=380)
     return load_tokenizer(a), load_tokenizer(root / "b"), load_tokenizer(c), new_id
 

@@ -1,4 +1,9 @@
-"""Tiny random configurations of each family, shared by the model tests."""
+"""Tiny random configurations of each family, and a tokenizer with its ids shuffled, shared by the model tests."""
+
+import json
+import shutil
+
+import torch
 
 from streakline.models import TransformerConfig
 
@@ -29,3 +34,18 @@ def tiny_config(family: str, **overrides) -> TransformerConfig:
         base.update(attention="block_causal", block_size=4, mask_token_id=VOCAB - 1)
     base.update(overrides)
     return TransformerConfig(**base)
+
+
+def permuted_tokenizer(folder, out, seed=0) -> dict[int, int]:
+    """A copy at ``out`` of the tokenizer folder ``folder`` whose non-special ids are shuffled: the same strings
+    under other ids. Returns the map old id -> new id."""
+    shutil.copytree(folder, out)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    fixed = {t["id"] for t in spec["added_tokens"]}
+    movable = sorted(i for i in vocab.values() if i not in fixed)
+    perm = torch.randperm(len(movable), generator=torch.Generator().manual_seed(seed)).tolist()
+    new_id = {old: movable[p] for old, p in zip(movable, perm, strict=True)}
+    spec["model"]["vocab"] = {t: new_id.get(i, i) for t, i in vocab.items()}
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    return new_id

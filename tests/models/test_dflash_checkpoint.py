@@ -485,3 +485,46 @@ def test_a_full_disk_ends_an_export_in_one_line_and_keeps_the_earlier_one(tmp_pa
         save_dflash(_drafter(seed=2), disk / "dflash")
     assert sorted(p.name for p in disk.iterdir()) == ["dflash"]  # no half-written copy left beside it
     assert torch.equal(load_dflash(first).fc.weight, _drafter(seed=1).fc.weight)
+
+
+# ------------------------------------------------------------------------------------------------ its tokenizer
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    """A small trained tokenizer and a copy with its ids shuffled: the same strings, other ids (the same size, so
+    only the recorded hash can tell them apart)."""
+    from streakline.data.corpora.math import math_texts
+    from streakline.data.tokenizer import train_tokenizer
+    from streakline.models.tokenizer import load_tokenizer
+    from tests.models.helpers import permuted_tokenizer
+
+    root = tmp_path_factory.mktemp("tok")
+    a = train_tokenizer([r["text"] for r in math_texts("train", 200, seed=0)], root / "a", vocab_size=300)
+    permuted_tokenizer(a, root / "b")
+    return load_tokenizer(a), load_tokenizer(root / "b")
+
+
+def test_an_export_records_its_tokenizer_and_is_refused_under_another(tmp_path, tokenizers):
+    """The export records the hash and size of the tokenizer its ids are in, beside speculators' own keys; a load
+    with that tokenizer passes and one with the permuted copy is refused in one line naming both hashes and the fix
+    (issue 62, item 1). An export that records none (a published drafter, an older export) loads under any."""
+    from streakline.models.dflash_checkpoint import TOKENIZER_FIELD, TokenizerMismatchError, recorded_tokenizer
+    from streakline.models.tokenizer import tokenizer_hash
+
+    mine, other = tokenizers
+    assert tokenizer_hash(mine) != tokenizer_hash(other) and len(mine) == len(other)
+    folder = save_dflash(_drafter(), tmp_path / "dflash", tokenizer=mine)
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw[TOKENIZER_FIELD] == {"hash": tokenizer_hash(mine), "vocab_size": len(mine)}
+    assert raw["speculators_model_type"] == "dflash"  # speculators' keys untouched beside it
+    assert recorded_tokenizer(folder) == raw[TOKENIZER_FIELD]
+    loaded = load_dflash(folder, tokenizer=mine)
+    assert torch.equal(loaded.fc.weight, load_dflash(folder).fc.weight)
+    with pytest.raises(TokenizerMismatchError) as refused:
+        load_dflash(folder, tokenizer=other)
+    message = str(refused.value)
+    assert "\n" not in message and tokenizer_hash(mine) in message and tokenizer_hash(other) in message
+    assert "stage=distill" in message and str(folder) in message
+
+    plain = save_dflash(_drafter(), tmp_path / "plain")
+    assert recorded_tokenizer(plain) is None
+    load_dflash(plain, tokenizer=other)  # nothing recorded: nothing to refuse

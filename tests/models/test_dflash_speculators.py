@@ -189,6 +189,15 @@ def _our_logits(drafter: DFlashModel, ids: torch.Tensor, feats: torch.Tensor) ->
         return drafter(block_ids, block_pos, features=feats, feature_pos=torch.arange(SEQ)[None], attn_mask=mask)
 
 
+def _tokenizer(folder):
+    """Any real tokenizer: what the export records of it is all that matters here."""
+    from streakline.data.corpora.math import math_texts
+    from streakline.data.tokenizer import train_tokenizer
+    from streakline.models.tokenizer import load_tokenizer
+
+    return load_tokenizer(train_tokenizer([r["text"] for r in math_texts("train", 100, seed=0)], folder, vocab_size=280))
+
+
 @pytest.fixture(scope="module")
 def speculators_run(speculators_path, tmp_path_factory):
     """Both directions in one speculators process (its import is most of the time): our export loaded by
@@ -197,7 +206,9 @@ def speculators_run(speculators_path, tmp_path_factory):
     verifier = _verifier()
     save_pretrained(verifier, root / "verifier")
     ours = _our_drafter(verifier)
-    save_dflash(ours, root / "ours", verifier_name=str(root / "verifier"), verifier_architecture="Qwen3ForCausalLM")
+    # with the tokenizer record beside speculators' keys (dflash_checkpoint.TOKENIZER_FIELD), which it must ignore
+    save_dflash(ours, root / "ours", verifier_name=str(root / "verifier"), verifier_architecture="Qwen3ForCausalLM",
+                tokenizer=_tokenizer(root / "tokenizer"))  # fmt: skip
     # the same drafter over a draft vocabulary of 40 tokens (the mask among them), exported with its maps
     reduced = _our_drafter(verifier).use_vocab(DraftVocab.from_counts(torch.arange(V) % 7, VOCAB_N, keep=[MASK]))
     save_dflash(reduced, root / "vocab", verifier_name=str(root / "verifier"), verifier_architecture="Qwen3ForCausalLM")

@@ -368,3 +368,30 @@ def test_feature_refusals_name_the_fix_before_any_folder(world, stage, overrides
     with pytest.raises(ConfigError, match=match):
         run_stage(_cfg(world, stage, *overrides))
     assert _folders(world) == before
+
+
+def test_a_drafter_is_refused_under_a_verifier_tokenizer_it_was_not_trained_in(world, dflash_run, tmp_path):
+    """The distill export records the verifier's tokenizer; stage=decode and stage=evaluate with a copy of that
+    tokenizer whose ids are shuffled (same size, so nothing else tells) are refused in one line naming both hashes,
+    before any row decodes or folder is made (issue 62, item 1); with the verifier's own it decodes as before."""
+    from streakline.errors import UserError
+    from streakline.models.dflash_checkpoint import recorded_tokenizer
+    from streakline.models.tokenizer import load_tokenizer, tokenizer_hash
+    from tests.models.helpers import permuted_tokenizer
+
+    verifier = Path(attach_world(_cfg(world, "decode"), False).model.verifier.path)
+    assert recorded_tokenizer(dflash_run.artifact)["hash"] == tokenizer_hash(load_tokenizer(verifier))
+    permuted_tokenizer(verifier, tmp_path / "shuffled")
+    theirs, mine = tokenizer_hash(load_tokenizer(tmp_path / "shuffled")), tokenizer_hash(load_tokenizer(verifier))
+    other = f"model.verifier.tokenizer={tmp_path / 'shuffled'}"
+    drafted = [DFLASH, "decoder=dflash_draft", f"model.drafter.path={dflash_run.artifact}", "prompt_ids=[5,6,7]"]
+    with pytest.raises(UserError) as refused:
+        _decode(world, *drafted, other)
+    assert mine in str(refused.value) and theirs in str(refused.value) and "\n" not in str(refused.value)
+    assert _decode(world, *drafted)["token_ids"] == _decode(world, "decoder=vanilla", "prompt_ids=[5,6,7]")["token_ids"]
+
+    before = _folders(world)
+    method = f"{{name: dflash, decoder: dflash_draft, drafter: '{dflash_run.artifact}'}}"
+    with pytest.raises(UserError, match=f"{mine}.*{theirs}"):
+        run_stage(_cfg(world, "evaluate", f"stage.methods=[{method}]", "stage.prompts=2", other))
+    assert _folders(world) == before

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from streakline.config import ConfigError
 from streakline.models import build, locate
 from streakline.models.checkpoint import read_config
+from streakline.models.dflash_checkpoint import check_tokenizer
 from streakline.models.tokenizer import has_tokenizer, load_tokenizer, tokenizer_hash
 
 
@@ -108,6 +109,14 @@ def block_target(cfg: DictConfig, stage: str, device: str):
     return target
 
 
+def check_drafter_tokenizer(folder, verifier_tokenizer) -> None:
+    """Refuse, in one line naming both tokenizer hashes and the fix, a drafter folder that records the tokenizer it
+    was trained in (a DFlash export: ``dflash_checkpoint.TOKENIZER_FIELD``) when the verifier's is another; a folder
+    that records none, a from-scratch drafter (``folder`` None) or a verifier without a tokenizer pass."""
+    if folder is not None and verifier_tokenizer is not None:
+        check_tokenizer(folder, verifier_tokenizer)
+
+
 def bridge_tokenizers(cfg: DictConfig, drafter, verifier_tokenizer):
     """The drafter as is when it shares the verifier's tokenizer, else wrapped to draft through token strings."""
     from streakline.decoding.cross_tokenizer import CrossTokenizerDrafter, VocabBridge
@@ -115,7 +124,10 @@ def bridge_tokenizers(cfg: DictConfig, drafter, verifier_tokenizer):
     from .kinds import DRAFTER_KINDS
 
     kind = DRAFTER_KINDS.get(drafter.kind)  # None: a model-free drafter (ngram) drafts the verifier's own tokens
-    if kind is None or kind.tokenizer_role == "verifier":  # a DFlash drafter: the verifier's by construction
+    if kind is None:
+        return drafter
+    if kind.tokenizer_role == "verifier":  # a DFlash drafter: the verifier's ids by construction, never bridged
+        check_drafter_tokenizer(locate(cfg.model.drafter, "drafter"), verifier_tokenizer)
         return drafter
     drafter_tokenizer = role_tokenizer(cfg, "drafter") if verifier_tokenizer is not None else None
     if drafter_tokenizer is None or tokenizer_hash(drafter_tokenizer) == tokenizer_hash(verifier_tokenizer):

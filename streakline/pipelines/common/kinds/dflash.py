@@ -136,7 +136,8 @@ class DFlashKind(DrafterKind):
         from streakline.models.dflash_checkpoint import save_dflash
 
         source = locate(cfg.model.drafter, "drafter")  # None: built from scratch
-        identity = _verifier_identity(cfg)  # what every export names as its target
+        # what every export names as its target, and the tokenizer its ids are in (a load under another is refused)
+        identity = {**_verifier_identity(cfg), "tokenizer": tokenizer}
         # in the dtype DeepSpeed trains the drafter in: the drafter embeds its blocks with the verifier's embedding
         # and reads its head, so under bf16 an fp32 verifier would meet bf16 layers
         dtype = "bfloat16" if cfg.trainer.precision == "bf16" else None
