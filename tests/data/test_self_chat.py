@@ -57,6 +57,10 @@ def test_the_user_turn_is_read_off_the_template():
         ("Как отсортировать список в питоне?<|im_end|>", None, "script"),
         ("Summarise this <|im_start|> text for me<|im_end|>", None, "debris"),
         ("What is 2+2?\nAssistant: 4, and then<|im_end|>", None, "debris"),  # the model wrote a conversation
+        # the micro verifier's noise, of a request's shape (issue 62, item 6): 4 of its 11 words known
+        ('__ ny3c__ it ta son mores andSfh3 each o00 c many"erri8k.esinatMfp isalet<|im_end|>', None, "language"),
+        ("Write a function `is_prime(n)` that returns True for primes.<|im_end|>",
+         "Write a function `is_prime(n)` that returns True for primes.", "ok"),  # code names are not words: 8 of 9
     ],
 )
 def test_what_is_kept_as_a_request(text, kept, why):
@@ -89,10 +93,28 @@ def root(micro_world):
     return micro_world[0]
 
 
-def test_the_verifier_writes_requests_that_are_cached_and_continued(root):
+def test_the_micro_verifiers_noise_is_dropped_for_its_language(root):
+    """The micro verifier writes noise of a request's shape, which passes every rule of shape; the language rule
+    drops most of it, and what it keeps is at least half English words (issue 62, item 6)."""
+    from streakline.data.english import known_share
     from streakline.pipelines.common.self_chat import folder, self_chat_records
     from streakline.pipelines.trajectories import build_verifier
 
+    cfg = _cfg(root, "data.seed=3")
+    kept = self_chat_records(cfg, 6, build=lambda: build_verifier(cfg), evaluation={})
+    state = json.loads((folder(cfg, "User: ", "\n", {}) / "state.json").read_text())
+    shaped = state["judged"] - sum(n for why, n in state["dropped"].items() if why != "language")
+    assert state["dropped"]["language"] >= 0.8 * shaped, state  # of the requests of the right shape
+    assert all(known_share(r["prompt"]) >= self_chat.KNOWN_SHARE for r in kept)
+
+
+def test_the_verifier_writes_requests_that_are_cached_and_continued(root, monkeypatch):
+    from streakline.pipelines.common.self_chat import folder, self_chat_records
+    from streakline.pipelines.trajectories import build_verifier
+
+    # the micro verifier's requests are noise, which the language rule drops (the test above); the source's
+    # machinery (seeds, the cache, continuing, exclusion) is what this test is about, so the rule is off here
+    monkeypatch.setattr(self_chat, "KNOWN_SHARE", 0.0)
     cfg = _cfg(root)
     none: dict[str, int] = {}
     first = self_chat_records(cfg, 6, build=lambda: build_verifier(cfg), evaluation=none)

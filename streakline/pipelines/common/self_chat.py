@@ -28,7 +28,7 @@ from streakline.artifacts import config_hash, run_path, write_json_atomic, write
 from streakline.config import ConfigError
 
 # Bump when what a config produces changes (prefix, sampling, filter): an old list must not be read as a new one.
-RECIPE = 1
+RECIPE = 2  # 2: the language rule (data/self_chat.py, KNOWN_SHARE)
 MAX_NEW_TOKENS = 64
 TEMPERATURE, TOP_P = 1.0, 0.95
 ROUND_MIN = 64  # candidates sampled per round at least (the batch the engine fills)
@@ -54,7 +54,8 @@ def _key(cfg: DictConfig, prefix: str, end: str, evaluation: dict[str, int]) -> 
         "prefix": prefix,
         "end": end,
         "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE, "top_p": TOP_P},
-        "filter": [self_chat.MIN_WORDS, self_chat.MAX_WORDS, self_chat.MAX_CHARS, self_chat.ASCII_SHARE],
+        "filter": [self_chat.MIN_WORDS, self_chat.MAX_WORDS, self_chat.MAX_CHARS, self_chat.ASCII_SHARE,
+                   self_chat.KNOWN_SHARE],
         "excluded": dict(sorted(evaluation.items())),
         "recipe": RECIPE,
     }
