@@ -1,13 +1,20 @@
 """A skinny bf16 matrix product for CPU decoding, with ``F.linear`` as its reference: ``y = x W^T`` for few rows of x.
 
-A vanilla decode step multiplies one row by every weight matrix of the model, so its speed is how fast the weights
-stream from memory. torch's CPU ``linear`` reaches 6-17 GB/s on SmolLM2's shapes at one row in bf16 (oneDNN, 2 cores
-of an AMD EPYC with AVX512-BF16, ``bench/vanilla.py``) where a plain read of memory gives 31. This kernel reads each
-weight row once for all rows of x, with AVX512-BF16's pairwise dot product (``vdpbf16ps``: bf16 products summed in
-fp32), eight weight rows at a time, the rows split over torch's OpenMP threads: 10-25 GB/s on the same shapes. The
-fp32 sums are rounded to bf16 (nearest, ties to even) as torch rounds. It takes at most ``MAX_ROWS`` rows: past 4,
-its horizontal sums (one per output) cost as much as the products and oneDNN is as fast or faster, so a verify
-window of 9 stays on torch; a weight layout packed for column sums is what would take it further.
+A vanilla decode step multiplies one row by every weight matrix of the model, and a verify window 9 or so, so its
+speed is how fast the weights stream from memory. torch's CPU ``linear`` (oneDNN) reaches 6-13 GB/s on SmolLM2's
+shapes at one row in bf16 and 5-10 at nine (2 cores of an AMD EPYC with AVX512-BF16, ``bench/vanilla.py``), where a
+plain read of memory gives 35. This kernel reads a copy of each weight packed for it (``pack``: for each group of 16
+outputs and each pair of k, the 16 outputs' two weights in one 64-byte register), so AVX512-BF16's pairwise dot
+product (``vdpbf16ps``: bf16 products summed in fp32) gives each fp32 lane its own output and no horizontal sum is
+needed; per pair of k it loads one register of weights per group and broadcasts x's pair per row, up to 12 rows at
+once, so a verify window reads each weight from memory once. Tiles of 32 outputs are split over torch's OpenMP
+threads. The fp32 sums are rounded to bf16 (nearest, ties to even) as torch rounds. Measured there: 10-46 GB/s at
+one row, 8-29 at nine, 1.5-3.4x torch. It takes at most ``MAX_ROWS`` rows; a prefill's many rows stay on oneDNN.
+
+The packed copies are made on a weight's first product and kept while it lives (``_packed``; an in-place change,
+as ``load_state_dict`` makes, packs it again): one more copy of each weight the kernel reads, which is what CPU
+decoding can afford at the sizes it runs. A view of whole rows of a packed weight from a group's first row (the k/v
+rows of a fused q/k/v matrix) reads the base's copy.
 
 Its sums run over k in the same order whatever N, M or the thread split is, so a row of x gets the same output among
 other rows as alone, and a fused [q; k; v] matrix gives what the three separate ones give, bit for bit. That is what
@@ -33,6 +40,7 @@ import os
 import subprocess
 import tempfile
 import warnings
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +50,7 @@ from torch import nn
 
 from .precision import cpu_flags
 
-MAX_ROWS = 4  # rows of x the kernel takes: up to 4 it beats oneDNN; at a verify window's 9 it does not (yet)
+MAX_ROWS = 16  # rows of x the kernel takes (a decode step's, a verify window's); past it oneDNN's GEMM
 ENV = "STREAKLINE_CPU_LINEAR"  # "auto" (default) | "torch"
 
 SOURCE = r"""
@@ -50,77 +58,84 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 
-/* fp32 -> bf16, round to nearest, ties to even (NaNs kept quiet) */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+/* 16 fp32 -> 16 bf16, round to nearest, ties to even, NaNs kept quiet (as torch rounds) */
+static inline __m256i to_bf16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
 }
 
-static inline float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* One tile: rows m0 .. m0+MS-1 of x against weight rows n0 .. n0+R-1, k in steps of 32 (the tail masked). MS and
-   R are constants where it is called, so the MS x R accumulators stay in registers. Per (m, n) the sum runs over k
-   in one fixed order, whatever N, M or the thread split. */
-static inline __attribute__((always_inline)) void tile(const int MS, const int R, const uint16_t *x,
-        const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t m0, int64_t n0, int64_t K, int64_t x_stride,
-        int64_t y_stride, int64_t steps, __mmask32 tail) {
-    __m512 acc[4][8];
+/* One tile: rows m0 .. m0+MS-1 of x against the G groups of 16 outputs from g0. The packed weight holds, for
+   group g and k-pair p, the 16 outputs' two weights (64 bytes: one register), so each fp32 lane sums its own output
+   and no horizontal sum is needed: per k-pair, one load of weights per group and one broadcast of x's pair per row.
+   MS and G are constants where it is called, so the MS x G accumulators stay in registers. Each output's sum runs
+   over the k-pairs in one fixed order, whatever M, N or the thread split. */
+static inline __attribute__((always_inline)) void tile(const int MS, const int G, const uint16_t *x,
+        const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t m0, int64_t g0, int64_t N, int64_t pairs,
+        int64_t x_stride, int64_t y_stride) {
+    __m512 acc[12][2];
     for (int i = 0; i < MS; i++)
-        for (int r = 0; r < R; r++) acc[i][r] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < steps; s++) {
-        const int64_t k = s * 32;
-        const __mmask32 mask = (s == steps - 1) ? tail : (__mmask32)0xffffffffu;
-        __m512i xv[4];
-        for (int i = 0; i < MS; i++) xv[i] = _mm512_maskz_loadu_epi16(mask, x + (m0 + i) * x_stride + k);
-        for (int r = 0; r < R; r++) {
-            const __m512i wv = _mm512_maskz_loadu_epi16(mask, w + (n0 + r) * K + k);
-            for (int i = 0; i < MS; i++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], (__m512bh)xv[i], (__m512bh)wv);
+        for (int g = 0; g < G; g++) acc[i][g] = _mm512_setzero_ps();
+    const uint16_t *w0 = wp + g0 * pairs * 32;
+    for (int64_t p = 0; p < pairs; p++) {
+        __m512i wv[2];
+        for (int g = 0; g < G; g++) wv[g] = _mm512_loadu_si512((const void *)(w0 + (g * pairs + p) * 32));
+        for (int i = 0; i < MS; i++) {
+            int32_t pair;
+            memcpy(&pair, x + (m0 + i) * x_stride + 2 * p, 4);
+            const __m512i xv = _mm512_set1_epi32(pair);
+            for (int g = 0; g < G; g++) acc[i][g] = _mm512_dpbf16_ps(acc[i][g], (__m512bh)wv[g], (__m512bh)xv);
         }
     }
-    for (int i = 0; i < MS; i++)
-        for (int r = 0; r < R; r++) {
-            float v = _mm512_reduce_add_ps(acc[i][r]);
-            if (b) v = v + from_bf16(b[n0 + r]);
-            y[(m0 + i) * y_stride + n0 + r] = to_bf16(v);
+    for (int g = 0; g < G; g++) {
+        const int64_t n0 = (g0 + g) * 16;
+        const __mmask16 mask = (n0 + 16 <= N) ? (__mmask16)0xffff : (__mmask16)((1u << (N - n0)) - 1u);
+        __m512 bias = _mm512_setzero_ps();
+        if (b) bias = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, b + n0)), 16));
+        for (int i = 0; i < MS; i++) {
+            const __m512 v = b ? _mm512_add_ps(acc[i][g], bias) : acc[i][g];
+            _mm256_mask_storeu_epi16(y + (m0 + i) * y_stride + n0, mask, to_bf16(v));
         }
+    }
 }
 
-/* y[m, n] = bf16(sum_k x[m, k] w[n, k] (+ b[n])) for few rows of x: blocks of 8 weight rows split over the
-   threads; in a block, x's rows four (or fewer) at a time; the last N % 8 weight rows one at a time */
-void skinny_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
-                 int64_t K, int64_t x_stride, int64_t y_stride, int threads) {
-    const int64_t steps = (K + 31) / 32;
-    const __mmask32 tail = (K % 32) ? (__mmask32)((1u << (K % 32)) - 1u) : (__mmask32)0xffffffffu;
-    const int64_t blocks = N / 8;
+#define ROWS(G)                                                                      \
+    switch (rows) {                                                                  \
+        case 1: tile(1, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 2: tile(2, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 3: tile(3, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 4: tile(4, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 5: tile(5, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 6: tile(6, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 7: tile(7, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 8: tile(8, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 9: tile(9, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break;   \
+        case 10: tile(10, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break; \
+        case 11: tile(11, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break; \
+        default: tile(12, G, x, wp, b, y, m0, g0, N, pairs, x_stride, y_stride); break; \
+    }
+
+/* y[m, n] = bf16(sum_k x[m, k] w[n, k] (+ b[n])), w packed as [groups][pairs][16][2] (pack() in Python): tiles of
+   two groups (32 outputs) split over the threads; in a tile, x's rows 12 (or fewer) at a time, so a verify window
+   of up to 12 rows reads each weight from memory once. x has an even number of columns (2 * pairs). */
+void packed_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                 int64_t pairs, int64_t x_stride, int64_t y_stride, int threads) {
+    const int64_t groups = (N + 15) / 16;
+    const int64_t tiles = (groups + 1) / 2;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t blk = 0; blk <= blocks; blk++) {
-        const int64_t n0 = blk * 8;
-        if (blk == blocks) {  /* the rest, one weight row at a time */
-            for (int64_t n = n0; n < N; n++)
-                for (int64_t m = 0; m < M; m++) tile(1, 1, x, w, b, y, m, n, K, x_stride, y_stride, steps, tail);
-            continue;
-        }
-        int64_t m0 = 0;
-        for (; m0 + 4 <= M; m0 += 4) {  /* 4 x 4 tiles: 16 accumulators */
-            tile(4, 4, x, w, b, y, m0, n0, K, x_stride, y_stride, steps, tail);
-            tile(4, 4, x, w, b, y, m0, n0 + 4, K, x_stride, y_stride, steps, tail);
-        }
-        switch (M - m0) {  /* what is left of x: 1-3 rows against all 8 weight rows */
-            case 1: tile(1, 8, x, w, b, y, m0, n0, K, x_stride, y_stride, steps, tail); break;
-            case 2: tile(2, 8, x, w, b, y, m0, n0, K, x_stride, y_stride, steps, tail); break;
-            case 3:
-                tile(3, 4, x, w, b, y, m0, n0, K, x_stride, y_stride, steps, tail);
-                tile(3, 4, x, w, b, y, m0, n0 + 4, K, x_stride, y_stride, steps, tail);
-                break;
-            default: break;
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t g0 = t * 2;
+        for (int64_t m0 = 0; m0 < M; m0 += 12) {
+            const int64_t rows = (M - m0 < 12) ? M - m0 : 12;
+            if (g0 + 2 <= groups) {
+                ROWS(2)
+            } else {
+                ROWS(1)
+            }
         }
     }
 }
@@ -148,17 +163,17 @@ def _cache_dir() -> Path:
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built on first use; None where this CPU or toolchain cannot run it (with one warning
     saying why, for a CPU that could)."""
-    if "avx512_bf16" not in cpu_flags() or "avx512bw" not in cpu_flags():
+    if not {"avx512_bf16", "avx512bw", "avx512vl"} <= cpu_flags():
         return None
     digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:12]
-    target = _cache_dir() / f"skinny_bf16-{digest}.so"
+    target = _cache_dir() / f"packed_bf16-{digest}.so"
     if not target.exists():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 src, out = Path(tmp) / "skinny.c", Path(tmp) / "skinny.so"
                 src.write_text(SOURCE)
-                cmd = ["gcc", "-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp",
+                cmd = ["gcc", "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp",
                        "-shared", "-fPIC", str(src), "-o", str(out)]  # fmt: skip
                 subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
                 os.replace(out, target)  # whole or absent: a second process may build the same file
@@ -167,8 +182,8 @@ def _library() -> ctypes.CDLL | None:
             warnings.warn(f"the CPU decode kernel did not build ({detail}); decoding uses torch's linear", stacklevel=2)
             return None
     lib = ctypes.CDLL(str(target))
-    lib.skinny_bf16.restype = None
-    lib.skinny_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+    lib.packed_bf16.restype = None
+    lib.packed_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
     return lib
 
 
@@ -190,6 +205,35 @@ def _takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     return available()
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [N, K] in the kernel's layout: [groups of 16 outputs][pairs of k][16][2], zero-padded to whole
+    groups and pairs, so that one 64-byte load holds the next two weights of 16 outputs."""
+    N, K = weight.shape
+    Np, Kp = -(-N // 16) * 16, K + K % 2
+    padded = F.pad(weight.detach(), (0, Kp - K, 0, Np - N))
+    return padded.view(Np // 16, 16, Kp // 2, 2).transpose(1, 2).contiguous()
+
+
+# packed copies of the weights the kernel has read, by the weight tensor's id: (a weak reference to it, its version
+# counter when packed, the packed copy). An entry goes with its weight; an in-place change repacks it.
+_PACKED: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """The packed copy of ``weight``, or of the rows of its base it views (``qkv_proj.weight[q_rows:]``: the
+    base's packed groups from that row, when it starts a group), packed once and kept while the weight lives."""
+    base, first = weight, 0
+    if weight._base is not None and weight._base.dim() == 2 and weight._base.shape[1] == weight.shape[1]:
+        offset = (weight.data_ptr() - weight._base.data_ptr()) // weight.element_size()
+        if offset % (16 * weight.shape[1]) == 0:  # a view of whole rows from a group's first one
+            base, first = weight._base, offset // (16 * weight.shape[1])
+    entry = _PACKED.get(id(base))
+    if entry is None or entry[0]() is not base or entry[1] != base._version:
+        key = id(base)
+        _PACKED[key] = entry = (weakref.ref(base, lambda _, k=key: _PACKED.pop(k, None)), base._version, pack(base))
+    return entry[2][first : first + -(-weight.shape[0] // 16)]
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``: on the kernel where it can run (module docstring), else ``F.linear`` itself.
     x: ``[..., K]``; weight: ``[N, K]``; bias: ``[N]`` or None; returns ``[..., N]``."""
@@ -197,18 +241,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     K, N = x.shape[-1], weight.shape[0]
     flat = x.reshape(-1, K)
-    if flat.stride(-1) != 1:
+    if K % 2:  # the kernel reads x's columns in pairs: a zero column pairs the last
+        flat = F.pad(flat, (0, 1))
+    elif flat.stride(-1) != 1:
         flat = flat.contiguous()
     M = flat.shape[0]
+    packed = _packed(weight)
     out = torch.empty(M, N, dtype=torch.bfloat16)
-    _library().skinny_bf16(
+    _library().packed_bf16(
         flat.data_ptr(),
-        weight.data_ptr(),
+        packed.data_ptr(),
         None if bias is None else bias.data_ptr(),
         out.data_ptr(),
         M,
         N,
-        K,
+        packed.shape[1],
         flat.stride(0),
         N,
         torch.get_num_threads(),

@@ -32,10 +32,15 @@ def _ulp(t: torch.Tensor) -> torch.Tensor:
 
 
 @needs_kernel
-@pytest.mark.parametrize(("M", "N", "K"), [(1, 7, 33), (3, 13, 576), (4, 40, 70), (2, 9, 31), (1, 1, 1), (4, 8, 64)])
+@pytest.mark.parametrize(
+    ("M", "N", "K"),
+    [(1, 7, 33), (3, 13, 576), (4, 40, 70), (2, 9, 31), (1, 1, 1), (4, 8, 64), (9, 100, 576), (12, 33, 64),
+     (13, 48, 577), (16, 17, 32)],
+)  # fmt: skip
 @pytest.mark.parametrize("bias", [False, True])
 def test_kernel_is_the_fp32_sum_rounded_to_bf16(M, N, K, bias):
-    """Awkward shapes: N not a multiple of 8 (the rows one at a time), K not of 32 (the masked tail)."""
+    """Awkward shapes: N not a multiple of 16 or 32 (a group or a tile part-filled), K odd (a zero column pairs
+    the last), M past 12 (x's rows in two passes)."""
     x, w = _bf16(M, K, seed=1), _bf16(N, K, seed=2)
     b = _bf16(N, seed=3) if bias else None
     want = x.double() @ w.double().t() + (0 if b is None else b.double())
@@ -50,11 +55,15 @@ def test_kernel_is_the_fp32_sum_rounded_to_bf16(M, N, K, bias):
 
 @needs_kernel
 def test_a_rows_output_does_not_depend_on_its_neighbours_n_or_threads():
-    x, w = _bf16(4, 200, seed=4), _bf16(77, 200, seed=5)
+    x, w = _bf16(14, 200, seed=4), _bf16(77, 200, seed=5)
     together = cpu_linear.linear(x, w)
-    for i in range(4):
+    for i in range(14):
         assert torch.equal(cpu_linear.linear(x[i : i + 1], w), together[i : i + 1])
     assert torch.equal(cpu_linear.linear(x, w[:40]), together[:, :40])  # fewer weight rows: the same sums
+    # rows of a weight it has packed, as the k/v rows of a fused q/k/v matrix: from a group's first row the base's
+    # packed copy, from another row a copy of their own; the same sums either way
+    assert torch.equal(cpu_linear.linear(x, w[32:]), together[:, 32:])
+    assert torch.equal(cpu_linear.linear(x, w[5:]), together[:, 5:])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -64,6 +73,18 @@ def test_a_rows_output_does_not_depend_on_its_neighbours_n_or_threads():
     strided = torch.cat([x, x], dim=-1)[:, :200]  # rows with a stride: read in place
     assert torch.equal(cpu_linear.linear(strided, w), together)
     assert torch.equal(cpu_linear.linear(x[None], w)[0], together)  # leading dimensions flattened and restored
+
+
+@needs_kernel
+def test_a_weight_changed_in_place_is_packed_again():
+    """The packed copy is kept with the weight; loading new values into it (``load_state_dict``, ``copy_``) moves
+    its version, and the next product reads the new values."""
+    x, w = _bf16(2, 64, seed=6), _bf16(20, 64, seed=7)
+    before = cpu_linear.linear(x, w)
+    with torch.no_grad():
+        w.copy_(_bf16(20, 64, seed=8))
+    after = cpu_linear.linear(x, w)
+    assert torch.equal(after, cpu_linear.linear(x, w.clone())) and not torch.equal(after, before)
 
 
 def test_what_the_kernel_does_not_take_is_f_linear_exactly():
