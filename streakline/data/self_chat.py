@@ -12,8 +12,8 @@ request a person might type:
   (``User:``, ``Assistant:``, ``system``), which would mean the model wrote a conversation, not a request;
 - language, not only shape: at least ``KNOWN_SHARE`` (half) of its words are common English words
   (``data/english.py``), so that noise of a request's shape (``'__ ny3c__ it ta son mores andSfh3 each o00 c ...'``,
-  4 of 11) is dropped. Measured on SmolLM2-135M-Instruct's 102 requests of the demo's list, the lowest scores 0.62 (a request
-  naming made-up names); every one passes;
+  4 of 11) is dropped. Measured on SmolLM2-135M-Instruct's 102 requests of the demo's list, the lowest scores 0.62
+  (a request naming made-up names); every one passes;
 - new: not the same request as an earlier one once case, spacing and trailing punctuation are set aside, and not a
   prompt of an evaluation set (``excluded``: hashes as ``conversations.prompt_hash`` computes them).
 

@@ -11,7 +11,7 @@ from streakline.data.english import COMMON_WORDS, is_known, known_share, words
 
 def test_words_are_the_pieces_with_letters_lower_cased_and_stripped():
     assert words("Write a haiku, please!") == ["write", "a", "haiku", "please"]
-    assert words("What is 2+2? (Say \"four\".)") == ["what", "is", "say", "four"]  # 2+2 holds no letter
+    assert words('What is 2+2? (Say "four".)') == ["what", "is", "say", "four"]  # 2+2 holds no letter
     assert words("__ ny3c__") == ["__ ny3c__".split()[1]]  # "__" has no letter; ny3c__ stays one piece
 
 

@@ -59,8 +59,11 @@ def test_the_user_turn_is_read_off_the_template():
         ("What is 2+2?\nAssistant: 4, and then<|im_end|>", None, "debris"),  # the model wrote a conversation
         # the micro verifier's noise, of a request's shape (issue 62, item 6): 4 of its 11 words known
         ('__ ny3c__ it ta son mores andSfh3 each o00 c many"erri8k.esinatMfp isalet<|im_end|>', None, "language"),
-        ("Write a function `is_prime(n)` that returns True for primes.<|im_end|>",
-         "Write a function `is_prime(n)` that returns True for primes.", "ok"),  # code names are not words: 8 of 9
+        (
+            "Write a function `is_prime(n)` that returns True for primes.<|im_end|>",
+            "Write a function `is_prime(n)` that returns True for primes.",
+            "ok",
+        ),  # code names are not words: 8 of 9
     ],
 )
 def test_what_is_kept_as_a_request(text, kept, why):

@@ -195,7 +195,8 @@ def _tokenizer(folder):
     from streakline.data.tokenizer import train_tokenizer
     from streakline.models.tokenizer import load_tokenizer
 
-    return load_tokenizer(train_tokenizer([r["text"] for r in math_texts("train", 100, seed=0)], folder, vocab_size=280))
+    texts = [r["text"] for r in math_texts("train", 100, seed=0)]
+    return load_tokenizer(train_tokenizer(texts, folder, vocab_size=280))
 
 
 @pytest.fixture(scope="module")

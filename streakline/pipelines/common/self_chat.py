@@ -54,8 +54,13 @@ def _key(cfg: DictConfig, prefix: str, end: str, evaluation: dict[str, int]) -> 
         "prefix": prefix,
         "end": end,
         "sampling": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE, "top_p": TOP_P},
-        "filter": [self_chat.MIN_WORDS, self_chat.MAX_WORDS, self_chat.MAX_CHARS, self_chat.ASCII_SHARE,
-                   self_chat.KNOWN_SHARE],
+        "filter": [
+            self_chat.MIN_WORDS,
+            self_chat.MAX_WORDS,
+            self_chat.MAX_CHARS,
+            self_chat.ASCII_SHARE,
+            self_chat.KNOWN_SHARE,
+        ],
         "excluded": dict(sorted(evaluation.items())),
         "recipe": RECIPE,
     }
