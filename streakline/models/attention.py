@@ -8,8 +8,11 @@ the model chooses:
     path        when                                              kernel
     flash       CUDA, fp16/bf16, no mask (plain causal or full)   FlashAttention (GQA native)
     efficient   CUDA, a mask, or fp32                             memory-efficient attention, no per-shape plans
-    default     CPU (and anything else)                           whatever SDPA picks: CPU flash or math; a
-                                                                  masked one-query step with GQA folded first
+    default     CPU (and anything else)                           in bf16 with at most 16 queries a head (a decode
+                                                                  step, a verify window) the decode-attention
+                                                                  kernel (``cpu_attention.py``) where this CPU
+                                                                  runs it; else whatever SDPA picks: CPU flash or
+                                                                  math; a masked one-query step with GQA folded
 
 ``efficient`` folds grouped-query attention into the query axis instead of asking SDPA for ``enable_gqa`` (which
 only the flash and math kernels take): the G query heads sharing one key/value head become G x T queries of that
@@ -26,6 +29,8 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+
+from . import cpu_attention
 
 PATHS = ("flash", "efficient", "default")
 
@@ -87,6 +92,10 @@ def attend(
     path = path or choose_path(q, has_mask=mask is not None)
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r}; valid: {', '.join(PATHS)}")
+    if path == "default":  # a CPU decode step or verify window in bf16: the kernel beside this reference
+        out = cpu_attention.attend(q, k, v, mask, is_causal)
+        if out is not None:
+            return out
     gqa = k.shape[1] != q.shape[1]
     ctx = contextlib.nullcontext() if path == "default" else _backends(path)
     with ctx:

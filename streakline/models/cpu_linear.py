@@ -20,8 +20,8 @@ Its sums run over k in the same order whatever N, M or the thread split is, so a
 other rows as alone, and a fused [q; k; v] matrix gives what the three separate ones give, bit for bit. That is what
 lets ``Transformer.fuse_projections`` run on a CPU too (``models/builder.py``).
 
-The C source below is compiled once per machine with the system's ``gcc`` into ``~/.cache/streakline/kernels``
-(``STREAKLINE_CACHE`` moves it) and loaded with ctypes; torch's own libgomp serves its threads. Where it cannot run
+The C source below is compiled once per machine and loaded by ``cpu_native.library`` (gcc, a cache keyed by the
+source's hash, torch's own libgomp for its threads). Where it cannot run
 (another CPU, no compiler, an fp32 or fp16 model, more than ``MAX_ROWS`` rows, autograd) ``linear`` is ``F.linear``.
 ``STREAKLINE_CPU_LINEAR=torch`` forces the reference for a whole process; ``use_reference()`` for a block.
 
@@ -31,27 +31,18 @@ The C source below is compiled once per machine with the system's ``gcc`` into `
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import ctypes
 import functools
-import hashlib
-import os
-import subprocess
-import tempfile
-import warnings
 import weakref
-from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .precision import cpu_flags
+from . import cpu_native
 
 MAX_ROWS = 16  # rows of x the kernel takes (a decode step's, a verify window's); past it oneDNN's GEMM
-ENV = "STREAKLINE_CPU_LINEAR"  # "auto" (default) | "torch"
+ENV = cpu_native.ENV  # "auto" (default) | "torch"
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -141,47 +132,15 @@ void packed_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint1
 }
 """
 
-_override: contextvars.ContextVar[bool] = contextvars.ContextVar("streakline_cpu_linear_reference", default=False)
-
-
-@contextlib.contextmanager
-def use_reference() -> Iterator[None]:
-    """``F.linear`` inside the block, whatever the machine could run (tests, benchmarks)."""
-    token = _override.set(True)
-    try:
-        yield
-    finally:
-        _override.reset(token)
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("STREAKLINE_CACHE") or Path.home() / ".cache" / "streakline"
-    return Path(root) / "kernels"
+use_reference = cpu_native.use_reference  # torch's ops inside the block, this kernel's and the others'
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """The compiled kernel, built on first use; None where this CPU or toolchain cannot run it (with one warning
-    saying why, for a CPU that could)."""
-    if not {"avx512_bf16", "avx512bw", "avx512vl"} <= cpu_flags():
+    """The compiled kernel (``cpu_native.library``), or None where this CPU or toolchain cannot run it."""
+    lib = cpu_native.library("packed_bf16", SOURCE, needs={"avx512_bf16", "avx512bw", "avx512vl"})
+    if lib is None:
         return None
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:12]
-    target = _cache_dir() / f"packed_bf16-{digest}.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                src, out = Path(tmp) / "skinny.c", Path(tmp) / "skinny.so"
-                src.write_text(SOURCE)
-                cmd = ["gcc", "-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp",
-                       "-shared", "-fPIC", str(src), "-o", str(out)]  # fmt: skip
-                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-                os.replace(out, target)  # whole or absent: a second process may build the same file
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = getattr(e, "stderr", None) or e
-            warnings.warn(f"the CPU decode kernel did not build ({detail}); decoding uses torch's linear", stacklevel=2)
-            return None
-    lib = ctypes.CDLL(str(target))
     lib.packed_bf16.restype = None
     lib.packed_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
     return lib
@@ -189,11 +148,11 @@ def _library() -> ctypes.CDLL | None:
 
 def available() -> bool:
     """Whether ``linear`` can take the kernel here (this CPU, this toolchain; not forced to the reference)."""
-    return os.environ.get(ENV, "auto") != "torch" and _library() is not None
+    return cpu_native.enabled() and _library() is not None
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    if _override.get() or x.device.type != "cpu" or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+    if cpu_native.referenced() or x.device.type != "cpu" or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
         return False
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return False
