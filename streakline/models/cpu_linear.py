@@ -11,6 +11,15 @@ once, so a verify window reads each weight from memory once. Tiles of 32 outputs
 threads. The fp32 sums are rounded to bf16 (nearest, ties to even) as torch rounds. Measured there: 10-46 GB/s at
 one row, 8-29 at nine, 1.5-3.4x torch. It takes at most ``MAX_ROWS`` rows; a prefill's many rows stay on oneDNN.
 
+A CPU with AVX2 and FMA but no native bf16 (AMD Zen 2 and 3, Intel before Cooper Lake) runs a second kernel on the
+same packed copy (``SOURCE_AVX2``): a 32-bit lane's high half is already the odd k's weight as an fp32 and its low
+half shifted up the even k's, so two integer instructions widen 8 lanes into two fp32 registers, x's rows are
+widened once a call, and fp32 FMAs sum each output. There torch emulates bf16 (1.8-15 GB/s) and its fp32 product
+reads twice the bytes (6-12 GB/s streaming); this one reaches 27-37 GB/s at one row and 100-110 GFLOP/s at nine, of
+the two cores' 157 (2 cores of an AMD EPYC without AVX-512, streaming SmolLM2's shapes from memory), and 140-150 at
+16 rows. It takes any number of rows (``max_rows()`` is None), since torch's emulated bf16 GEMM is as slow at a
+prefill's hundreds of rows (18 GFLOP/s): a 150-token prefill of SmolLM2 took 2.2 s on it, against 0.33 s in fp32.
+
 The packed copies are made on a weight's first product and kept while it lives (``_packed``; an in-place change,
 as ``load_state_dict`` makes, packs it again): one more copy of each weight the kernel reads, which is what CPU
 decoding can afford at the sizes it runs. A view of whole rows of a packed weight from a group's first row (the k/v
@@ -21,8 +30,8 @@ other rows as alone, and a fused [q; k; v] matrix gives what the three separate 
 lets ``Transformer.fuse_projections`` run on a CPU too (``models/builder.py``).
 
 The C source below is compiled once per machine and loaded by ``cpu_native.library`` (gcc, a cache keyed by the
-source's hash, torch's own libgomp for its threads). Where it cannot run
-(another CPU, no compiler, an fp32 or fp16 model, more than ``MAX_ROWS`` rows, autograd) ``linear`` is ``F.linear``.
+source's hash, torch's own libgomp for its threads). Where it cannot run (another CPU, no compiler, an fp32 or fp16
+model, more rows than ``max_rows()``, autograd) ``linear`` is ``F.linear``.
 ``STREAKLINE_CPU_LINEAR=torch`` forces the reference for a whole process; ``use_reference()`` for a block.
 
     y = linear(x, weight, bias)           # x [..., K], weight [N, K], bias [N] or None -> [..., N]
@@ -41,7 +50,7 @@ from torch import nn
 
 from . import cpu_native
 
-MAX_ROWS = 16  # rows of x the kernel takes (a decode step's, a verify window's); past it oneDNN's GEMM
+MAX_ROWS = 16  # rows of x the AVX512-BF16 kernel takes (a decode step's, a verify window's); past it oneDNN's GEMM
 ENV = cpu_native.ENV  # "auto" (default) | "torch"
 
 SOURCE = r"""
@@ -132,15 +141,157 @@ void packed_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint1
 }
 """
 
+SOURCE_AVX2 = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 16 fp32 (two registers) -> 16 bf16, round to nearest, ties to even, NaNs kept quiet (as torch rounds) */
+static inline __m256i round_half(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+static inline __m256i to_bf16(__m256 lo, __m256 hi) {
+    /* packus interleaves 128-bit lanes: [lo0-3 hi0-3 | lo4-7 hi4-7]; the permute puts them back in order */
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(round_half(lo), round_half(hi)), 0xd8);
+}
+
+/* One tile: rows m0 .. m0+MS-1 of x (as fp32, xf) against the G groups of 16 outputs from g0. The packed weight
+   holds, for group g and k-pair p, the 16 outputs' two bf16 weights as 16 32-bit lanes (64 bytes): a lane's high
+   half is the odd k's weight as an fp32 (low bits zero), its low half shifted up the even k's, so two instructions
+   turn 8 lanes into two fp32 registers, and each accumulator lane sums its own output (no horizontal sum). Each
+   output's sum runs over k in one fixed order (even k, then odd k, pair after pair), whatever M, N or the threads. */
+static inline __attribute__((always_inline)) void tile(const int MS, const int G, const float *xf,
+        const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t m0, int64_t g0, int64_t N, int64_t pairs,
+        int64_t K2, int64_t y_stride) {
+    __m256 acc[4][2][2];
+    for (int i = 0; i < MS; i++)
+        for (int g = 0; g < G; g++) acc[i][g][0] = acc[i][g][1] = _mm256_setzero_ps();
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    const uint16_t *w0 = wp + g0 * pairs * 32;
+    for (int64_t p = 0; p < pairs; p++) {
+        __m256 we[2][2], wo[2][2];
+        for (int g = 0; g < G; g++)
+            for (int h = 0; h < 2; h++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w0 + (g * pairs + p) * 32 + h * 16));
+                we[g][h] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                wo[g][h] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+            }
+        for (int i = 0; i < MS; i++) {
+            const float *xr = xf + (m0 + i) * K2 + 2 * p;
+            const __m256 xe = _mm256_broadcast_ss(xr), xo = _mm256_broadcast_ss(xr + 1);
+            for (int g = 0; g < G; g++)
+                for (int h = 0; h < 2; h++)
+                    acc[i][g][h] = _mm256_fmadd_ps(wo[g][h], xo, _mm256_fmadd_ps(we[g][h], xe, acc[i][g][h]));
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const int64_t n0 = (g0 + g) * 16;
+        const int64_t valid = (n0 + 16 <= N) ? 16 : N - n0;
+        __m256 bias[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        if (b) {
+            uint16_t tmp[16] = {0};
+            memcpy(tmp, b + n0, valid * 2);
+            for (int h = 0; h < 2; h++)
+                bias[h] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(tmp + 8 * h))), 16));
+        }
+        for (int i = 0; i < MS; i++) {
+            __m256 lo = acc[i][g][0], hi = acc[i][g][1];
+            if (b) { lo = _mm256_add_ps(lo, bias[0]); hi = _mm256_add_ps(hi, bias[1]); }
+            const __m256i out = to_bf16(lo, hi);
+            if (valid == 16) _mm256_storeu_si256((__m256i *)(y + (m0 + i) * y_stride + n0), out);
+            else {
+                uint16_t tmp[16];
+                _mm256_storeu_si256((__m256i *)tmp, out);
+                memcpy(y + (m0 + i) * y_stride + n0, tmp, valid * 2);
+            }
+        }
+    }
+}
+
+/* y[m, n] = bf16(sum_k x[m, k] w[n, k] (+ b[n])), w packed as [groups][pairs][16][2] (pack() in Python), x's rows
+   first widened to fp32 (xf: M x 2*pairs). Tiles of two groups (32 outputs) split over the threads; in a tile, one
+   row at a time over both groups, or four rows at a time over one group then the other (16 accumulators at most of
+   AVX2's 16 registers are not all free: 8 hold sums, 4 weights), so a verify window reads each weight from memory
+   once and from L1 after. */
+void packed_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint16_t *y, int64_t M, int64_t N,
+                 int64_t pairs, int64_t x_stride, int64_t y_stride, int threads) {
+    const int64_t K2 = 2 * pairs;
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(M * K2));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K2; k++) {
+            const uint32_t u = (uint32_t)x[m * x_stride + k] << 16;
+            memcpy(xf + m * K2 + k, &u, 4);
+        }
+    const int64_t groups = (N + 15) / 16;
+    const int64_t tiles = (groups + 1) / 2;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t g0 = t * 2;
+        const int two = g0 + 2 <= groups;
+        if (M == 1) {
+            if (two) tile(1, 2, xf, wp, b, y, 0, g0, N, pairs, K2, y_stride);
+            else tile(1, 1, xf, wp, b, y, 0, g0, N, pairs, K2, y_stride);
+            continue;
+        }
+        for (int64_t g = g0; g < g0 + 1 + two; g++)
+            for (int64_t m0 = 0; m0 < M; m0 += 4) {
+                switch (M - m0 < 4 ? M - m0 : 4) {
+                    case 1: tile(1, 1, xf, wp, b, y, m0, g, N, pairs, K2, y_stride); break;
+                    case 2: tile(2, 1, xf, wp, b, y, m0, g, N, pairs, K2, y_stride); break;
+                    case 3: tile(3, 1, xf, wp, b, y, m0, g, N, pairs, K2, y_stride); break;
+                    default: tile(4, 1, xf, wp, b, y, m0, g, N, pairs, K2, y_stride); break;
+                }
+            }
+    }
+    free(xf);
+}
+"""
+
 use_reference = cpu_native.use_reference  # torch's ops inside the block, this kernel's and the others'
+
+
+# the kernels by instruction set, best first: (name, source, the CPU flags it needs, the compiler's flags)
+KERNELS = (
+    ("avx512_bf16", SOURCE, {"avx512_bf16", "avx512bw", "avx512vl"}, cpu_native.AVX512_BF16),
+    ("avx2", SOURCE_AVX2, {"avx2", "fma"}, cpu_native.AVX2),
+)
+
+
+@functools.cache
+def _chosen() -> tuple[str, ctypes.CDLL] | None:
+    """The best kernel this CPU and toolchain run, by its instruction set's name, or None."""
+    for isa, source, needs, flags in KERNELS:
+        lib = cpu_native.library("packed_bf16" if isa == "avx512_bf16" else f"packed_bf16_{isa}", source, needs, flags)
+        if lib is not None:
+            return isa, lib
+    return None
+
+
+def max_rows() -> int | None:
+    """The most rows of x that ``linear`` puts on the kernel here: ``MAX_ROWS`` for AVX512-BF16 (oneDNN's native
+    GEMM is as fast past it), None (any) for AVX2 (torch's bf16 is emulated there at every size)."""
+    return MAX_ROWS if instruction_set() == "avx512_bf16" else None
+
+
+def instruction_set() -> str | None:
+    """``avx512_bf16`` or ``avx2``: which kernel ``linear`` takes here, or None (``F.linear`` everywhere)."""
+    chosen = _chosen() if cpu_native.enabled() else None
+    return None if chosen is None else chosen[0]
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel (``cpu_native.library``), or None where this CPU or toolchain cannot run it."""
-    lib = cpu_native.library("packed_bf16", SOURCE, needs={"avx512_bf16", "avx512bw", "avx512vl"})
-    if lib is None:
+    chosen = _chosen()
+    if chosen is None:
         return None
+    lib = chosen[1]
     lib.packed_bf16.restype = None
     lib.packed_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
     return lib
@@ -157,7 +308,8 @@ def _takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         return False
     rows = x.numel() // max(1, x.shape[-1])
-    if not 0 < rows <= MAX_ROWS or weight.dim() != 2 or not weight.is_contiguous():
+    limit = max_rows()
+    if rows <= 0 or (limit is not None and rows > limit) or weight.dim() != 2 or not weight.is_contiguous():
         return False
     if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
         return False

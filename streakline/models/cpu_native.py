@@ -1,4 +1,5 @@
-"""Building and loading the project's small C kernels for CPU decoding (``cpu_linear.py``, ``cpu_attention.py``).
+"""Building and loading the project's small C kernels for CPU decoding (``cpu_linear.py``, ``cpu_attention.py``,
+``cpu_ops.py``).
 
 Each kernel's C source lives in its module, beside the torch reference it replaces. ``library`` compiles a source
 once per machine with the system's ``gcc`` into ``~/.cache/streakline/kernels`` (``STREAKLINE_CACHE`` moves it),
@@ -8,6 +9,7 @@ returns None, with one warning for the second, and the caller keeps torch's op. 
 (the name it was given first) turns every kernel off for a process.
 
     lib = library("packed_bf16", SOURCE, needs={"avx512_bf16", "avx512bw", "avx512vl"})   # a CDLL, or None
+    lib = library("packed_bf16_avx2", SOURCE_AVX2, needs={"avx2", "fma"}, isa=AVX2)        # a kernel's AVX2 source
     with use_reference(): ...                                                               # torch's ops there
 """
 
@@ -27,7 +29,9 @@ from pathlib import Path
 from .precision import cpu_flags
 
 ENV = "STREAKLINE_CPU_LINEAR"  # "auto" (default) | "torch": torch's ops everywhere
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC")
+COMMON = ("-O3", "-fopenmp", "-shared", "-fPIC")
+AVX512_BF16 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")  # the flags of a kernel's instruction set
+AVX2 = ("-mavx2", "-mfma")
 
 
 _reference: contextvars.ContextVar[bool] = contextvars.ContextVar("streakline_cpu_reference", default=False)
@@ -59,12 +63,13 @@ def cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def library(name: str, source: str, needs: set[str]) -> ctypes.CDLL | None:
-    """The compiled ``source`` (built on first use, reused after), or None where this CPU lacks a flag of
-    ``needs`` or the build fails (with a warning saying why). Callers cache the result."""
+def library(name: str, source: str, needs: set[str], isa: tuple[str, ...] = AVX512_BF16) -> ctypes.CDLL | None:
+    """The compiled ``source`` (built on first use with ``isa``'s flags, reused after), or None where this CPU
+    lacks a flag of ``needs`` or the build fails (with a warning saying why). Callers cache the result."""
     if not needs <= cpu_flags():
         return None
-    digest = hashlib.sha256((source + " ".join(FLAGS)).encode()).hexdigest()[:12]
+    flags = (*COMMON, *isa)
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:12]
     target = cache_dir() / f"{name}-{digest}.so"
     if not target.exists():
         try:
@@ -72,7 +77,7 @@ def library(name: str, source: str, needs: set[str]) -> ctypes.CDLL | None:
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
                 src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
                 src.write_text(source)
-                cmd = ["gcc", *FLAGS, str(src), "-o", str(out)]
+                cmd = ["gcc", *flags, str(src), "-o", str(out)]
                 subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
                 os.replace(out, target)  # whole or absent: a second process may build the same file
         except (OSError, subprocess.SubprocessError) as e:

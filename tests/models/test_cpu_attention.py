@@ -2,8 +2,8 @@
 softmax attention within a bf16 rounding (and no further from it than SDPA's own bf16 output is, give or take one
 step); a query row's output does not depend on the rows, batch rows or threads beside it; cache views with strides
 are read in place; a row with no key to attend gives zeros; and what it does not take is left to SDPA
-(``attention.attend`` takes the kernel exactly where ``attend`` here does). On a CPU without AVX512-BF16 the kernel
-tests skip, saying so; the fallback test runs everywhere."""
+(``attention.attend`` takes the kernel exactly where ``attend`` here does). On a CPU with neither AVX512-BF16 nor
+AVX2 and FMA the kernel tests skip, saying so; the fallback test runs everywhere."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from streakline.models import attention, cpu_attention, cpu_native
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_attention.available(), reason="this CPU (or toolchain) cannot run the AVX512-BF16 kernel"
+    not cpu_attention.available(), reason="this CPU (or toolchain) runs neither the AVX512-BF16 nor the AVX2 kernel"
 )
 
 

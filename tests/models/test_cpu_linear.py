@@ -3,7 +3,8 @@ bf16 products rounded to bf16 (so within one bf16 step of an fp32 reference, as 
 does not depend on the rows beside it, on N or on the thread count, so a fused matrix gives the separate ones'
 outputs bit for bit; it takes only what it can (bf16, CPU, few rows, no autograd), ``F.linear`` the rest exactly;
 and a bf16 model that ``build(inference=True)`` puts on it decodes speculatively what it decodes alone.
-On a CPU without AVX512-BF16 the kernel tests skip, saying so; the fallback tests run everywhere."""
+On a CPU with neither AVX512-BF16 nor AVX2 and FMA the kernel tests skip, saying so; the fallback tests run
+everywhere. On an AVX2 CPU they test the AVX2 kernel, on an AVX512-BF16 one the other (``instruction_set()`` says)."""
 
 import copy
 
@@ -18,7 +19,7 @@ from tests.decoding.helpers import causal_copy
 from tests.models.helpers import tiny_config
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_linear.available(), reason="this CPU (or toolchain) cannot run the AVX512-BF16 kernel"
+    not cpu_linear.available(), reason="this CPU (or toolchain) runs neither the AVX512-BF16 nor the AVX2 kernel"
 )
 
 
@@ -35,12 +36,12 @@ def _ulp(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     ("M", "N", "K"),
     [(1, 7, 33), (3, 13, 576), (4, 40, 70), (2, 9, 31), (1, 1, 1), (4, 8, 64), (9, 100, 576), (12, 33, 64),
-     (13, 48, 577), (16, 17, 32)],
+     (13, 48, 577), (16, 17, 32), (40, 48, 96)],
 )  # fmt: skip
 @pytest.mark.parametrize("bias", [False, True])
 def test_kernel_is_the_fp32_sum_rounded_to_bf16(M, N, K, bias):
     """Awkward shapes: N not a multiple of 16 or 32 (a group or a tile part-filled), K odd (a zero column pairs
-    the last), M past 12 (x's rows in two passes)."""
+    the last), M past 12 (x's rows in two passes), M past 16 (the AVX2 kernel's, F.linear's on AVX512-BF16)."""
     x, w = _bf16(M, K, seed=1), _bf16(N, K, seed=2)
     b = _bf16(N, seed=3) if bias else None
     want = x.double() @ w.double().t() + (0 if b is None else b.double())
@@ -89,11 +90,10 @@ def test_a_weight_changed_in_place_is_packed_again():
 
 def test_what_the_kernel_does_not_take_is_f_linear_exactly():
     w = torch.randn(6, 20)
-    for x, weight in [
-        (torch.randn(2, 20), w),  # fp32
-        (torch.randn(2, 20).half(), w.half()),  # fp16
-        (_bf16(cpu_linear.MAX_ROWS + 1, 20), w.bfloat16()),  # more rows than it takes
-    ]:
+    cases = [(torch.randn(2, 20), w), (torch.randn(2, 20).half(), w.half())]  # fp32, fp16
+    if cpu_linear.max_rows() is not None:
+        cases.append((_bf16(cpu_linear.max_rows() + 1, 20), w.bfloat16()))  # more rows than it takes
+    for x, weight in cases:
         assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
     x, wg = _bf16(1, 20), w.bfloat16().requires_grad_()
     out = cpu_linear.linear(x, wg)  # autograd: torch's, with its backward
