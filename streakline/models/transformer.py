@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import cpu_linear
+from . import cpu_linear, cpu_ops
 from .attention import attend
 from .config import TransformerConfig
 from .kv_cache import KVCache
@@ -43,6 +43,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fast = cpu_ops.rms_norm(x, self.weight, self.eps)  # one C call for a bf16 CPU forward, else None
+        if fast is not None:
+            return fast
         # Normalise in fp32 and cast back before the weight, as the reference implementations do (bf16 parity).
         dtype = x.dtype
         x32 = x.float()
@@ -61,6 +64,9 @@ def rotary_tables(
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    fast = cpu_ops.rotary(x, cos, sin)  # bit for bit this function's bf16 result in one C call, else None
+    if fast is not None:
+        return fast
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
