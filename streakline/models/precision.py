@@ -3,22 +3,28 @@
 bf16 halves the bytes of every weight and activation, and where the hardware multiplies bf16 natively it runs GEMMs
 several times faster than fp32 (AMX tiles on Sapphire Rapids and later Xeons, AVX512-BF16 on Cooper Lake, Zen 4 and
 later; every NVIDIA GPU from Ampere on). Where bf16 is only emulated (converted to fp32 around every op) it is
-slower than fp32 and less exact, so there ``auto`` keeps fp32.
+slower than fp32 and less exact, so there ``auto`` keeps fp32 for training. A frozen model's forwards are another
+matter where the CPU has AVX2 and FMA (the ``avx2`` kind: Zen 2 and 3, Intel before Cooper Lake): there the decode
+kernels (``cpu_linear.py``, ``cpu_attention.py``) widen bf16 weights to fp32 in registers, so a bf16 model reads half
+the bytes of an fp32 one and sums in fp32, and ``auto`` runs the frozen stages in bf16 (``resolve(frozen=True)``).
+Measured on 2 cores of an AMD EPYC without AVX-512 (SmolLM2-135M, batch 1): a vanilla step of 36 ms in bf16 against
+61 in fp32, a 9-token verify window 1.5 steps against 2.1 (``bench/step_costs.py``).
 
 The top-level setting ``precision`` (``auto`` | ``fp32`` | ``bf16``) is the precision of the stages that sample or
 score with a frozen model, and of stage=distill's GEMMs (autocast over fp32 weights); ``STAGE_PRECISION`` says which
 stage applies it to which role, and ``stage=doctor`` prints what was detected and what each stage will use.
 ``precision=fp32`` brings back fp32 everywhere; ``precision=bf16`` forces bf16 (with a warning where it is emulated).
 
-A CPU is one of ``CPU_KINDS`` (``Hardware.cpu_kind``): ``amx``, ``avx512_bf16``, ``arm_bf16`` (bf16 native) or
-``none`` (bf16 emulated), read from its flags. The environment variable ``STREAKLINE_CPU_KIND`` (``CPU_KIND_ENV``)
-sets the kind instead, for tests that take every kind's path on one machine and for users who know better than the
-flags; ``detect`` reads it in this one place, so ``precision=auto``, ``stage=doctor`` (which says it was overridden)
-and ``stage=plan`` all follow it.
+A CPU is one of ``CPU_KINDS`` (``Hardware.cpu_kind``): ``amx``, ``avx512_bf16``, ``arm_bf16`` (bf16 native),
+``avx2`` (bf16 emulated by torch, widened in registers by the decode kernels) or ``none``, read from its flags.
+The environment variable ``STREAKLINE_CPU_KIND`` (``CPU_KIND_ENV``) sets the kind instead, for tests that take
+every kind's path on one machine and for users who know better than the flags; ``detect`` reads it in this one
+place, so ``precision=auto``, ``stage=doctor`` (which says it was overridden) and ``stage=plan`` all follow it.
 
     detect("cpu")                      # Hardware("cpu", True, "amx_bf16, avx512_bf16", cpu_kind="amx")
     # STREAKLINE_CPU_KIND=none python launch.py stage=doctor   ->  cpu_kind="none", overridden: auto keeps fp32
     resolve("auto", "cpu")             # "bf16" on such a CPU, "fp32" on one without native bf16
+    resolve("auto", "cpu", frozen=True)  # "bf16" there and on an avx2 CPU: what a sampling or decoding stage runs
     torch_dtype("bf16")                # torch.bfloat16
     training_autocast("auto", "fp32")  # bf16 on such a CPU (stage=distill's mixed precision), None elsewhere
 
@@ -42,7 +48,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 # The kinds of CPU that precision tells apart, best first, each with the flag that makes one (``none``: no such flag,
 # bf16 is emulated). A kind is what a per-kind choice keys on; ``native_bf16`` follows from it.
-CPU_KINDS = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "arm_bf16": "bf16", "none": None}
+CPU_KINDS = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "arm_bf16": "bf16", "avx2": "avx2", "none": None}
+# the kinds whose frozen models run bf16 at speed without native bf16: the decode kernels' AVX2 path (cpu_linear.py)
+KERNEL_BF16_KINDS = ("avx2",)
+AVX2_FLAGS = ("avx2", "fma")  # what makes an avx2 CPU: both, as the AVX2 kernels need
 CPU_KIND_ENV = "STREAKLINE_CPU_KIND"  # set: the CPU kind, instead of the one the flags say
 # The stages that apply ``precision`` and the roles they run with it. stage=distill applies it as mixed precision
 # (``training_autocast``, unless trainer.autocast=off): the drafter's and the verifier's forwards and backwards
@@ -137,12 +146,18 @@ def detect(device: str | torch.device = "cpu", flags: frozenset[str] | None = No
     if own and not found:  # no /proc/cpuinfo (another OS): torch's probe is the next best evidence
         found = _torch_says_bf16()
     evidence = ", ".join(found) or "no AMX-BF16, AVX512-BF16 or BF16 flag (bf16 would be emulated)"
+    if not found and all(f in flags for f in AVX2_FLAGS):
+        found, evidence = ["avx2"], f"{evidence}; avx2, fma (the decode kernels widen bf16 in registers)"
     kind = _kind_of(found)
     forced = cpu_kind_override() if own else None
     if forced is not None:
         said = f"{CPU_KIND_ENV}={forced}, overriding the detected {kind} (this machine: {evidence})"
-        return Hardware("cpu", forced != "none", said, cpu_kind=forced, overridden=True)
-    return Hardware("cpu", kind != "none", evidence, cpu_kind=kind)
+        return Hardware("cpu", _native(forced), said, cpu_kind=forced, overridden=True)
+    return Hardware("cpu", _native(kind), evidence, cpu_kind=kind)
+
+
+def _native(kind: str) -> bool:
+    return kind not in ("none", *KERNEL_BF16_KINDS)
 
 
 def check(setting: str) -> None:
@@ -150,14 +165,18 @@ def check(setting: str) -> None:
         raise PrecisionError(f"precision={setting!r} is not one of {', '.join(CHOICES)}; use precision=auto")
 
 
-def resolve(setting: str, device: str | torch.device = "cpu", hardware: Hardware | None = None) -> str:
-    """``fp32`` or ``bf16`` for ``setting`` on ``device``: ``auto`` is bf16 exactly where it is native.
-    A forced ``bf16`` on hardware that emulates it is honoured with a warning (slower than fp32 there)."""
+def resolve(
+    setting: str, device: str | torch.device = "cpu", hardware: Hardware | None = None, frozen: bool = False
+) -> str:
+    """``fp32`` or ``bf16`` for ``setting`` on ``device``: ``auto`` is bf16 exactly where it is native, and for a
+    ``frozen`` model (one that samples or scores, never trains) on an ``avx2`` CPU too, where the decode kernels make
+    bf16 the faster precision. A forced ``bf16`` where it is neither is honoured with a warning (slower than fp32)."""
     check(setting)
     hw = hardware or detect(device)
+    fast = hw.native_bf16 or (frozen and hw.cpu_kind in KERNEL_BF16_KINDS)
     if setting == "auto":
-        return "bf16" if hw.native_bf16 else "fp32"
-    if setting == "bf16" and not hw.native_bf16:
+        return "bf16" if fast else "fp32"
+    if setting == "bf16" and not fast:
         warnings.warn(
             f"precision=bf16 on {hw.device} without native bf16 ({hw.evidence}): it is emulated, slower than fp32 "
             "and less exact; precision=auto picks fp32 here",
@@ -183,7 +202,7 @@ def model_dtype(setting: str, preset_dtype: str, device: str | torch.device = "c
     """The dtype a frozen model of a preset whose own ``dtype`` is ``preset_dtype`` runs in under ``setting``: the
     resolved precision, except that ``auto`` never raises a preset's half-precision dtype to fp32 (a 70B preset in
     bf16 stays bf16 on hardware without native bf16: fp32 would not fit). ``fp32`` and ``bf16`` are taken as said."""
-    resolved = resolve(setting, device)
+    resolved = resolve(setting, device, frozen=True)
     if setting == "auto" and resolved == "fp32" and preset_dtype in ("bfloat16", "float16"):
         return {"bfloat16": torch.bfloat16, "float16": torch.float16}[preset_dtype]
     return torch_dtype(resolved)
@@ -214,7 +233,7 @@ def report(
     set it), the setting, what it resolves to, and per stage that applies it the roles and the precision they run in
     (distill's from ``trainer.precision`` and ``trainer.autocast`` too)."""
     hw = detect(device)
-    resolved = resolve(setting, device, hw) if setting in CHOICES else None
+    resolved = resolve(setting, device, hw, frozen=True) if setting in CHOICES else None  # the frozen stages'
     stages = {stage: {"roles": list(roles), "precision": resolved} for stage, roles in STAGE_PRECISION.items()}
     if trainer_precision != "fp32":  # DeepSpeed's own mixed precision: the weights themselves in half precision
         stages["distill"] = {"roles": ["drafter (DeepSpeed, trainer.precision)"], "precision": trainer_precision}
@@ -226,6 +245,7 @@ def report(
         "native_bf16": hw.native_bf16,
         "evidence": hw.evidence,
         "cpu_kind": hw.cpu_kind,
+        "kernel_bf16": hw.cpu_kind in KERNEL_BF16_KINDS,  # frozen models in bf16 on the decode kernels, not natively
         "overridden": hw.overridden,
         "setting": setting,
         "resolved": resolved,

@@ -200,7 +200,12 @@ def format_report(report: dict[str, Any], model: str) -> str:
             if stage == "distill":  # what distill's line follows
                 trainer = f"trainer.precision={precision['trainer']} trainer.autocast={precision['autocast']}"
                 lines.append(f"  {'':<18} the trainer: {trainer}")
-        if not precision["native_bf16"] and precision["setting"] == "auto":
+        if precision.get("kernel_bf16") and precision["setting"] == "auto":
+            lines.append(
+                f"  {'':<18} frozen models in bf16 on the AVX2 decode kernels (bf16 widened in registers: half the "
+                "bytes of fp32); training keeps fp32, bf16 would be emulated there; precision=fp32 keeps fp32"
+            )
+        elif not precision["native_bf16"] and precision["setting"] == "auto":
             lines.append(
                 f"  {'':<18} fp32 kept: bf16 would be emulated here (slower than fp32); precision=bf16 forces it"
             )

@@ -15,14 +15,16 @@ from streakline.models.precision import Hardware, detect, model_dtype, resolve
 SAPPHIRE_RAPIDS = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"})
 ZEN4 = frozenset({"avx512f", "avx512_bf16"})
 GRAVITON3 = frozenset({"fp", "asimd", "bf16", "sve"})
-SKYLAKE = frozenset({"avx2", "avx512f", "avx512bw", "avx512vl"})
+SKYLAKE = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"})
+ZEN3 = frozenset({"avx2", "fma", "sse4_2"})
+SANDY_BRIDGE = frozenset({"avx", "sse4_2"})  # no AVX2: not even the decode kernels
 
 
 @pytest.mark.parametrize(
     ("flags", "native", "named", "kind"),
     [(SAPPHIRE_RAPIDS, True, "amx_bf16", "amx"), (ZEN4, True, "avx512_bf16", "avx512_bf16"),
-     (GRAVITON3, True, "bf16", "arm_bf16"), (SKYLAKE, False, "emulated", "none"),
-     (frozenset(), False, "emulated", "none")],
+     (GRAVITON3, True, "bf16", "arm_bf16"), (SKYLAKE, False, "emulated", "avx2"), (ZEN3, False, "avx2, fma", "avx2"),
+     (SANDY_BRIDGE, False, "emulated", "none"), (frozenset(), False, "emulated", "none")],
 )  # fmt: skip
 def test_native_bf16_and_the_cpu_kind_are_read_from_the_cpu_flags(flags, native, named, kind, monkeypatch):
     monkeypatch.setenv(precision.CPU_KIND_ENV, "amx")  # given flags are judged as they are: the override is ignored
@@ -45,8 +47,9 @@ def test_this_machine_resolves_as_its_flags_say(monkeypatch):
     monkeypatch.delenv(precision.CPU_KIND_ENV, raising=False)
     hw = detect("cpu")
     assert hw.native_bf16 == bool(set(precision.CPU_BF16_FLAGS) & precision.cpu_flags()) or not precision.cpu_flags()
-    want = torch.bfloat16 if hw.native_bf16 else torch.float32
+    want = torch.bfloat16 if hw.native_bf16 or hw.cpu_kind == "avx2" else torch.float32  # a frozen model's dtype
     assert model_dtype("auto", "float32", "cpu") == want
+    assert (hw.cpu_kind == "avx2") == (not hw.native_bf16 and {"avx2", "fma"} <= precision.cpu_flags())
     assert model_dtype("fp32", "bfloat16", "cpu") == torch.float32
     # a half-precision preset (a 70B one) is never raised to fp32 by auto, which would not fit
     assert model_dtype("auto", "bfloat16", "cpu") == torch.bfloat16
@@ -90,7 +93,7 @@ def test_distill_autocasts_an_fp32_trainer_exactly_where_bf16_is_native():
 
 
 # each CPU kind as $STREAKLINE_CPU_KIND sets it: whether bf16 is native there, so what precision=auto picks
-KINDS = [("none", False), ("avx512_bf16", True), ("amx", True), ("arm_bf16", True)]
+KINDS = [("none", False), ("avx2", False), ("avx512_bf16", True), ("amx", True), ("arm_bf16", True)]
 
 
 @pytest.mark.parametrize(("kind", "native"), KINDS)
@@ -100,8 +103,11 @@ def test_the_cpu_kind_override_takes_that_kinds_precision_path_on_any_machine(ki
     assert (hw.cpu_kind, hw.native_bf16, hw.overridden) == (kind, native, True)
     assert f"{precision.CPU_KIND_ENV}={kind}" in hw.evidence and "this machine" in hw.evidence
     assert resolve("auto", "cpu") == ("bf16" if native else "fp32")
-    assert model_dtype("auto", "float32", "cpu") == (torch.bfloat16 if native else torch.float32)
-    assert precision.training_autocast("auto", "fp32") == (torch.bfloat16 if native else None)
+    # a frozen model (sampling, decoding) is bf16 where it is native and where the AVX2 decode kernels widen it
+    frozen = native or kind == "avx2"
+    assert resolve("auto", "cpu", frozen=True) == ("bf16" if frozen else "fp32")
+    assert model_dtype("auto", "float32", "cpu") == (torch.bfloat16 if frozen else torch.float32)
+    assert precision.training_autocast("auto", "fp32") == (torch.bfloat16 if native else None)  # training: native only
     assert resolve("fp32", "cpu") == "fp32"  # an explicit setting is still taken as said
 
 
@@ -118,14 +124,14 @@ def test_forced_bf16_on_a_cpu_kind_without_native_bf16_warns(monkeypatch, recwar
 def test_an_unknown_cpu_kind_is_refused_with_the_kinds(monkeypatch):
     monkeypatch.setenv(precision.CPU_KIND_ENV, "sapphire")
     with pytest.raises(
-        precision.PrecisionError, match="STREAKLINE_CPU_KIND='sapphire'.*amx, avx512_bf16, arm_bf16, none"
+        precision.PrecisionError, match="STREAKLINE_CPU_KIND='sapphire'.*amx, avx512_bf16, arm_bf16, avx2, none"
     ):
         detect("cpu")
     monkeypatch.setenv(precision.CPU_KIND_ENV, "")  # empty: unset
     assert not detect("cpu").overridden
 
 
-@pytest.mark.parametrize(("kind", "native"), [("none", False), ("amx", True)])
+@pytest.mark.parametrize(("kind", "native"), [("none", False), ("amx", True), ("avx2", False)])
 def test_doctor_says_the_cpu_kind_was_overridden(kind, native, capsys, monkeypatch):
     from streakline.pipelines import run_stage
 
@@ -133,7 +139,10 @@ def test_doctor_says_the_cpu_kind_was_overridden(kind, native, capsys, monkeypat
     report = run_stage(compose_config(["stage=doctor", "model=micro"])).metrics["precision"]
     printed = capsys.readouterr().out
     assert (report["cpu_kind"], report["overridden"], report["native_bf16"]) == (kind, True, native)
-    assert report["resolved"] == ("bf16" if native else "fp32")
+    frozen = native or kind == "avx2"
+    assert report["resolved"] == ("bf16" if frozen else "fp32")
     assert report["stages"]["decode"]["precision"] == report["resolved"]
+    assert report["stages"]["distill"]["precision"] == ("bf16" if native else "fp32")  # training: native only
     assert f"cpu kind           {kind} (overridden by $STREAKLINE_CPU_KIND)" in printed
-    assert ("fp32 kept: bf16 would be emulated here" in printed) is not native
+    assert ("fp32 kept: bf16 would be emulated here" in printed) is (kind == "none")
+    assert ("frozen models in bf16 on the AVX2 decode kernels" in printed) is (kind == "avx2")
