@@ -3,17 +3,20 @@
 The baseline every speedup divides by should be fast, so this prints, side by side in one run (methods taking
 turns, prompt by prompt, after a warm-up), greedy decoding at batch 1 in bf16:
 
-  torch       streakline's decoder on torch's own ``linear`` (oneDNN), the projections unfused: the path before
-              ``models/cpu_linear.py``, and the one a CPU without AVX512-BF16 still takes
-  kernel      streakline's decoder as ``build(inference=True)`` makes it on this CPU: the skinny bf16 kernel, q/k/v
-              and gate/up fused (when this CPU cannot run the kernel, the same as torch)
+  torch       streakline's decoder on torch's own ops (oneDNN's ``linear``, SDPA, RMSNorm and rotary as torch ops),
+              the projections unfused: the path before the CPU kernels (``cpu_native.use_reference()``)
+  kernel      streakline's decoder as ``build(inference=True)`` makes it on this CPU: the bf16 kernels (linear,
+              attention, RMSNorm, rotary; AVX512-BF16 or AVX2), q/k/v and gate/up fused (where none runs, torch)
   hf          ``transformers``' ``generate`` on the same weights (``do_sample=False``, every token forced)
+  torch_fp32, hf_fp32
+              the same two in fp32: the baseline where bf16 is not native (``precision=auto`` ran fp32 there before
+              the AVX2 kernels; ``--no-fp32`` leaves them out)
   limit       reading every bf16 weight once a token at this machine's read bandwidth (a ``sum`` over 512 MB)
 
 at 1 and 2 threads (``--threads``). Also, per shape of SmolLM2's matrices, the GB/s that torch's ``linear`` and the
 kernel reach at 1 and 9 rows (a vanilla step, a verify window). Not a test: nothing is asserted; run it alone.
 
-    python bench/vanilla.py                        # 4 HumanEval prompts x 64 tokens, 1 and 2 threads: ~3 min
+    python bench/vanilla.py                        # 4 HumanEval prompts x 64 tokens, 1 and 2 threads: ~5 min
     python bench/vanilla.py --threads 2 --prompts 2 --new 32 --json out.json
 """
 
@@ -80,6 +83,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-hf", action="store_true", help="leave transformers' generate out")
+    ap.add_argument("--no-fp32", action="store_true", help="leave the fp32 rows out")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -90,12 +94,15 @@ def main() -> None:
     os.environ[cpu_linear.ENV] = "torch"  # the path before the kernel: unfused, torch's linear
     plain = build(cfg.model.verifier, "verifier", inference=True, dtype=torch.bfloat16)
     del os.environ[cpu_linear.ENV]
+    fp32 = None if args.no_fp32 else build(cfg.model.verifier, "verifier", inference=True, dtype=torch.float32)
     weights = sum(p.numel() * p.element_size() for p in plain.parameters())
-    hf = None
+    hf = hf32 = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(cfg.model.verifier.path, torch_dtype=torch.bfloat16).eval()
+        hf = AutoModelForCausalLM.from_pretrained(cfg.model.verifier.path, dtype=torch.bfloat16).eval()
+        if not args.no_fp32:
+            hf32 = AutoModelForCausalLM.from_pretrained(cfg.model.verifier.path, dtype=torch.float32).eval()
     tok = load_tokenizer(cfg.model.verifier.tokenizer)
     records = load_source("humaneval", limit=args.prompts)
     prompts = [tok(prompt_for(r, tok, True), add_special_tokens=False)["input_ids"] for r in records]
@@ -107,11 +114,11 @@ def main() -> None:
             res = generate(model, [prompt], spec)
         return res.metrics.new_tokens / res.metrics.wall_s
 
-    def theirs(prompt) -> float:
+    def theirs(model, prompt) -> float:
         ids = torch.tensor([prompt])
         with torch.no_grad():
             t = time.perf_counter()
-            hf.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
+            model.generate(ids, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
             return args.new / (time.perf_counter() - t)
 
     summary: dict = {"cpu": hw.evidence, "kernel": cpu_linear.available(), "weights_mb": weights / 1e6}
@@ -123,7 +130,11 @@ def main() -> None:
         torch.set_num_threads(threads)
         methods = {"torch": lambda p: ours(plain, p, True), "kernel": lambda p: ours(kernel, p, False)}
         if hf is not None:
-            methods["hf"] = theirs
+            methods["hf"] = lambda p: theirs(hf, p)
+        if fp32 is not None:
+            methods["torch_fp32"] = lambda p: ours(fp32, p, True)
+        if hf32 is not None:
+            methods["hf_fp32"] = lambda p: theirs(hf32, p)
         for fn in methods.values():  # warm-up
             fn(prompts[0][:32])
         rates: dict[str, list[float]] = {m: [] for m in methods}
@@ -133,8 +144,9 @@ def main() -> None:
         med = {m: statistics.median(r) for m, r in rates.items()}
         cells = "  ".join(f"{m} {v:.1f}" for m, v in med.items())
         vs = f"kernel/torch {med['kernel'] / med['torch']:.2f}x"
-        if "hf" in med:
-            vs += f", kernel/hf {med['kernel'] / med['hf']:.2f}x"
+        for peer in ("hf", "torch_fp32", "hf_fp32"):
+            if peer in med:
+                vs += f", kernel/{peer} {med['kernel'] / med[peer]:.2f}x"
         print(f"threads {threads}: tok/s {cells}; {vs}; kernel at {med['kernel'] / limit:.2f} of the limit")
         summary[f"threads_{threads}"] = {"tok_s": med, "limit_tok_s": limit}
         summary[f"shapes_{threads}"] = shapes = _shapes()
