@@ -7,8 +7,12 @@ verify than one token. So each cycle, for each row, this drafter weighs three op
 to emit per second it costs:
 
     none     a plain verifier step: 1 token for v(0)
-    lookup   lookup's match of m tokens (when it has one): 1 + E_lookup(m) tokens for v(m)
-    model    the DFlash drafter's block of gamma: 1 + E_model(gamma) tokens for v(gamma) + d
+    lookup   the first m tokens of lookup's match (when it has one), m up to its length: 1 + E_lookup(m) for v(m)
+    model    the first m tokens of the DFlash drafter's block, m up to gamma: 1 + E_model(m) tokens for v(m) + d
+
+Each option's width m is chosen with it (on the eager engine, whose cycles may be narrower than gamma): where the
+verify forward grows steeply with its width (nine rows cost 1.7 vanilla steps on two AVX2 cores, where one costs
+one) and the later drafts are rarely accepted, verifying only the first few is worth more per second than all.
 
 ``v(w)`` is the verify forward of the pending token and w drafts, fitted as a line in w from the cycles the decoder
 has timed (``observe``); ``d`` is what a DFlash cycle's drafting costs over a lookup cycle's (the drafter's forward,
@@ -18,7 +22,9 @@ vanilla steps (``DRAFT_COST``, ``VERIFY_SLOPE``), or the fixed values a user giv
 ``a_i`` (the share of cycles that offered position i with the ones before it accepted, in which it was accepted):
 counted over every row this drafter has decoded, with a slow decay, and for each row over its own recent cycles,
 which lean it towards what works on its text. An option that has not been tried by a row for ``PROBE_EVERY`` cycles
-is tried once, so a drafter that got better is seen.
+is tried once, so a drafter that got better is seen; each probe after which the option still loses doubles that
+row's wait for the next (up to ``PROBE_MAX``), and a cycle it wins on its merits brings the wait back, so a drafter
+that never pays costs a probe in ``PROBE_MAX`` cycles, not one in ``PROBE_EVERY``.
 
 Lossless as every drafter: the choice reads only what earlier cycles emitted (and clock readings), never the
 current cycle's draws, so the verified tokens are drawn from the q handed to the rule, row by row. A lookup row's
@@ -49,6 +55,7 @@ from .proposal import Proposal
 
 OPTIONS = ("none", "lookup", "model")
 PROBE_EVERY = 8  # an option a row has not tried for this many cycles is tried once (it may have got better)
+PROBE_MAX = 64  # the longest wait: probes that find the option still losing double the wait up to it
 # Priors, in vanilla steps, until the decoder has timed a cycle: SmolLM2-135M on 2 CPU cores verifies a window of 9
 # at 1.10-1.15 steps and drafts with smol-dflash at 0.27-0.28 (docs/smol.md); on a GPU both are far smaller
 VERIFY_SLOPE = 0.02  # a verify forward's cost per drafted token
@@ -190,6 +197,9 @@ class MixedDrafter:
     def _state(self, batch_size: int) -> None:
         self.choice: list[str] = ["none"] * batch_size  # what each row drafted with last cycle
         self.offered = [0] * batch_size  # how many drafts it offered
+        self.width = [0] * batch_size  # the width its option was chosen at (drafts verified)
+        self.wait = [dict.fromkeys(OPTIONS, PROBE_EVERY) for _ in range(batch_size)]  # cycles before a probe
+        self.probing = [False] * batch_size  # whether the last choice was a probe
         self.rows = [self._row() for _ in range(batch_size)]
         self.idle = [dict.fromkeys(OPTIONS, 0) for _ in range(batch_size)]  # cycles since each option was tried
         self.pending: list[tuple[torch.Tensor, torch.Tensor | None]] = []  # states not yet in the DFlash context
@@ -211,6 +221,9 @@ class MixedDrafter:
         keep = index.tolist()
         self.choice = [self.choice[i] for i in keep]
         self.offered = [self.offered[i] for i in keep]
+        self.width = [self.width[i] for i in keep]
+        self.wait = [self.wait[i] for i in keep]
+        self.probing = [self.probing[i] for i in keep]
         self.rows = [self.rows[i] for i in keep]
         self.idle = [self.idle[i] for i in keep]
         self.pending = [(f[index], None if v is None else v[index]) for f, v in self.pending]
@@ -248,19 +261,50 @@ class MixedDrafter:
         cost = self.costs.verify(m) + (self.costs.draft() if option == "model" else 0.0)
         return tokens, cost
 
-    def decide(self, b: int, match: int, gamma: int) -> str:
-        """Row ``b``'s option this cycle, lookup having matched ``match`` tokens (0: none)."""
-        options = {"none": 0, "model": gamma} | ({"lookup": match} if match else {})
-        stale = [o for o in options if o != "none" and self.idle[b][o] + 1 >= PROBE_EVERY]
-        if stale:  # the longest-untried option first
-            return max(stale, key=lambda o: self.idle[b][o])
-        best, best_rate = "none", 0.0
-        for option, m in options.items():
-            tokens, cost = self.rates(b, option, m)
+    def best_width(self, b: int, option: str, longest: int) -> tuple[int, float]:
+        """``(m, tokens per cost)`` of row ``b``'s best width for ``option``, m from 1 to ``longest``."""
+        pooled = self.pooled[option]
+        pooled.grow(longest)
+        row = self.rows[b][option]
+        row.grow(longest)
+        rates = row.rates(pooled.rates())
+        extra = self.costs.draft() if option == "model" else 0.0
+        best, best_rate, tokens, streak = longest, -1.0, 1.0, 1.0
+        for m in range(1, longest + 1):
+            streak *= rates[m - 1]
+            tokens += streak
+            cost = self.costs.verify(m) + extra
             rate = tokens / cost if cost > 0 else float("inf")
-            if rate > best_rate:
-                best, best_rate = option, rate
-        return best
+            if rate > best_rate + 1e-12:  # ties: the narrower window
+                best, best_rate = m, rate
+        return best, best_rate
+
+    def choose(self, b: int, match: int, gamma: int, trim: bool = True) -> tuple[str, int]:
+        """Row ``b``'s option and width this cycle, lookup having matched ``match`` tokens (0: none). ``trim``:
+        whether the cycle may be narrower than the option's longest (the eager engine); else the widths are the
+        longest. An option a row has not tried for its wait is probed at its best width."""
+        longest = {"model": gamma} | ({"lookup": match} if match else {})
+        picks = {"none": (0, 1.0 / max(self.costs.verify(0), 1e-12))}
+        for option, m in longest.items():
+            if trim:
+                picks[option] = self.best_width(b, option, m)
+            else:
+                tokens, cost = self.rates(b, option, m)
+                picks[option] = (m, tokens / cost if cost > 0 else float("inf"))
+        merit = max(picks, key=lambda o: (picks[o][1], o == "none"))  # ties: the plain step
+        stale = [o for o in longest if self.idle[b][o] + 1 >= self.wait[b][o]]
+        previous = self.choice[b] if self.probing[b] else None
+        if previous in longest and previous != merit:  # the last probe found it still losing: wait longer
+            self.wait[b][previous] = min(PROBE_MAX, 2 * self.wait[b][previous])
+        if merit != "none":
+            self.wait[b][merit] = PROBE_EVERY  # it wins on its merits: probes of it back to the shortest wait
+        self.probing[b] = bool(stale) and merit not in stale
+        option = max(stale, key=lambda o: self.idle[b][o]) if self.probing[b] else merit  # the longest-untried
+        return option, picks[option][0]
+
+    def decide(self, b: int, match: int, gamma: int) -> str:
+        """Row ``b``'s option this cycle (``choose`` without the width)."""
+        return self.choose(b, match, gamma)[0]
 
     @torch.no_grad()
     def propose(
@@ -277,13 +321,15 @@ class MixedDrafter:
         self._learn(new_ids, new_valid)
         drafts = self.lookup.lookups(new_ids, new_valid, gamma)
         self.cycles += 1
-        self.choice = [self.decide(b, len(d), gamma) for b, d in enumerate(drafts)]
+        picks = [self.choose(b, len(d), gamma, trim=self.lookup.trim) for b, d in enumerate(drafts)]
+        self.choice = [option for option, _ in picks]
+        self.width = [m for _, m in picks]
         for b, option in enumerate(self.choice):
             self.chosen[option] += 1
             for o in OPTIONS:
                 self.idle[b][o] = 0 if o == option else self.idle[b][o] + 1
         use_model = [c == "model" for c in self.choice]
-        drafts = [d if c == "lookup" else d[:0] for d, c in zip(drafts, self.choice, strict=True)]
+        drafts = [d[:m] if c == "lookup" else d[:0] for d, c, m in zip(drafts, self.choice, self.width, strict=True)]
         self.last_model = any(use_model)
         if not self.last_model:  # lookup or nothing: no drafter forward, on the eager engine as wide as the longest
             self.lookup_cycles += 1  # lookup draft (0: a plain verifier step)
@@ -292,12 +338,18 @@ class MixedDrafter:
             tokens = self.lookup.chains(drafts, width).to(new_ids.device)
             return Proposal(tokens=tokens, q=None, forwards=0, point_mass_vocab=self.lookup.vocab_size)
         self._absorb()
-        self.offered = [gamma if m else len(d) for m, d in zip(use_model, drafts, strict=True)]
+        # the cycle's width: the widest model row's (the block is drafted whole and its first W verified), at least
+        # every lookup row's; the whole block where the engine's cycles are gamma wide
+        width = max([m for m, u in zip(self.width, use_model, strict=True) if u] + [len(d) for d in drafts])
+        width = width if self.lookup.trim else gamma
+        self.offered = [width if m else len(d) for m, d in zip(use_model, drafts, strict=True)]
         model = self.model_drafter.draft(new_ids[:, -1], gamma=gamma, K=1, generator=generator, iid=iid)
+        if width < gamma:
+            model = Proposal(tokens=model.tokens[..., :width], q=model.q[:, :width], forwards=model.forwards)
         if all(use_model):
             return model
         rows = torch.tensor(use_model, device=model.tokens.device)
-        looked = self.lookup.chains(drafts, gamma).to(model.tokens.device)  # no lookup draft: the pending token
+        looked = self.lookup.chains(drafts, width).to(model.tokens.device)  # no lookup draft: the pending token
         tokens = torch.where(rows[:, None, None], model.tokens, looked)
         point = torch.zeros_like(model.q).scatter_(-1, looked[:, 0, :, None], 1.0)
         q = torch.where(rows[:, None, None], model.q, point)

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from streakline.decoding.drafters import DFlashDrafter
-from streakline.decoding.mixed import PROBE_EVERY, Acceptance, Costs, MixedDrafter, expected_accepted
+from streakline.decoding.mixed import PROBE_EVERY, PROBE_MAX, Acceptance, Costs, MixedDrafter, expected_accepted
 from streakline.decoding.ngram import NgramDrafter, lookup
 from streakline.decoding.registry import needs_drafter_model, speculative_setup
 from streakline.decoding.speculative import SpecConfig, generate
@@ -29,7 +29,7 @@ class Checked(MixedDrafter):
     def __init__(self, model_drafter, lookup_drafter, verifier_model, **costs) -> None:
         super().__init__(model_drafter, lookup_drafter, **costs)
         self.verifier = verifier_model
-        self.worst, self.checks, self.mixed, self.idled = 0.0, 0, 0, 0
+        self.worst, self.checks, self.mixed, self.idled, self.trimmed = 0.0, 0, 0, 0, 0
 
     def reset(self, batch_size, capacity, engine=None):
         super().reset(batch_size, capacity, engine)
@@ -49,13 +49,15 @@ class Checked(MixedDrafter):
                   for s in self.seqs]  # fmt: skip
         assert all(lk for c, lk in zip(self.choice, looked, strict=True) if c == "lookup")  # only with a match
         self.mixed += len(set(self.choice)) > 1
+        self.trimmed += "model" in self.choice and out.tokens.shape[-1] < gamma  # the block's first drafts only
         self.idled += "none" in self.choice
         for r, seq in enumerate(self.seqs):
             if self.choice[r] != "model":  # lookup's draft, or nothing (the pending token): q one-hot on it
                 q = out.distribution()[r]
                 assert torch.equal(q.argmax(-1), out.tokens[r, 0]) and torch.equal(q.sum(-1), torch.ones(len(q)))
                 continue
-            want = scratch_q(self.model_drafter, self.verifier, seq, gamma)
+            want = scratch_q(self.model_drafter, self.verifier, seq, gamma)[: out.q.shape[1]]  # the verified drafts
+            assert out.q[r].shape == want.shape
             self.worst = max(self.worst, float((want - out.q[r]).abs().max()))
             self.checks += 1
         return out
@@ -176,6 +178,49 @@ def test_an_option_untried_for_probe_every_cycles_is_tried():
     assert drafter.decide(0, 0, gamma=4) == "none"
     drafter.idle[0]["model"] = PROBE_EVERY - 1
     assert drafter.decide(0, 0, gamma=4) == "model"
+
+
+def test_a_steep_verify_cost_verifies_only_the_first_drafts_of_a_weak_block():
+    """Where each verified draft costs half a step and the later positions are rarely accepted, the best window is
+    narrower than gamma; where verifying is nearly free and the model is right, the whole block."""
+    model = verifier(seed=7)
+    weak = _learned(_mixed(model, checked=False, draft_cost=0.0, verify_cost=0.5), 0.9, 0.5)
+    width, _ = weak.best_width(0, "model", 4)
+    assert 1 <= width < 4
+    strong = _learned(_mixed(model, checked=False, draft_cost=0.0, verify_cost=0.01), 0.9, 0.95)
+    assert strong.best_width(0, "model", 4)[0] == 4
+    # by hand: the weak model's rate at its width is the best over every width
+    rates = weak.rows[0]["model"].rates(weak.pooled["model"].rates())
+    by_hand = [(1 + expected_accepted(rates, m)) / weak.costs.verify(m) for m in range(1, 5)]
+    assert max(range(4), key=lambda i: by_hand[i]) + 1 == width
+
+
+def test_trimmed_model_windows_decode_vanillas_tokens():
+    model = verifier(seed=7)
+    prompts = [[6, 7, 8, 9], [3, 1]]
+    want = generate(model, prompts, SpecConfig(max_new_tokens=30, eos_token_id=5)).tokens
+    drafter = _mixed(model, draft_cost=0.0, verify_cost=0.6)  # each verified draft costs 0.6 steps
+    res = generate(model, prompts, SpecConfig(max_new_tokens=30, gamma=4, eos_token_id=5), drafter=drafter)
+    assert res.tokens == want
+    assert drafter.trimmed > 0 and drafter.checks > 0 and drafter.worst < 1e-5
+
+
+def test_a_probe_that_finds_the_option_still_losing_doubles_the_wait():
+    model = verifier(seed=7)
+    drafter = _learned(_mixed(model, checked=False, draft_cost=5.0, verify_cost=0.02), 0.9, 0.1)
+    waits = []
+    for _ in range(6):  # each probe of the costly model is followed by a cycle where it loses on its merits
+        drafter.idle[0]["model"] = drafter.wait[0]["model"] - 1
+        assert drafter.decide(0, 0, gamma=4) == "model"  # probed
+        drafter.choice[0] = "model"
+        drafter.idle[0]["model"] = 0
+        assert drafter.decide(0, 0, gamma=4) == "none"
+        drafter.choice[0] = "none"
+        waits.append(drafter.wait[0]["model"])
+    assert waits == [min(PROBE_MAX, PROBE_EVERY * 2**k) for k in range(1, 7)]
+    cheap = _learned(_mixed(model, checked=False, draft_cost=0.0, verify_cost=0.02), 0.9, 0.8)
+    cheap.wait[0]["model"] = PROBE_MAX
+    assert cheap.decide(0, 0, gamma=4) == "model" and cheap.wait[0]["model"] == PROBE_EVERY  # it wins: back
 
 
 @pytest.mark.parametrize("draft_cost", [0.0, None])
