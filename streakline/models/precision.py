@@ -6,7 +6,8 @@ later; every NVIDIA GPU from Ampere on). Where bf16 is only emulated (converted 
 slower than fp32 and less exact, so there ``auto`` keeps fp32 for training. A frozen model's forwards are another
 matter where the CPU has AVX2 and FMA (the ``avx2`` kind: Zen 2 and 3, Intel before Cooper Lake): there the decode
 kernels (``cpu_linear.py``, ``cpu_attention.py``) widen bf16 weights to fp32 in registers, so a bf16 model reads half
-the bytes of an fp32 one and sums in fp32, and ``auto`` runs the frozen stages in bf16 (``resolve(frozen=True)``).
+the bytes of an fp32 one and sums in fp32, and ``auto`` runs the frozen stages in bf16 (``resolve(frozen=True)``),
+for a verifier of at least ``KERNEL_BF16_MIN_PARAMS`` (a smaller one's weights sit in the cache: nothing to halve).
 Measured on 2 cores of an AMD EPYC without AVX-512 (SmolLM2-135M, batch 1): a vanilla step of 36 ms in bf16 against
 61 in fp32, a 9-token verify window 1.5 steps against 2.1 (``bench/step_costs.py``).
 
@@ -51,6 +52,9 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
 CPU_KINDS = {"amx": "amx_bf16", "avx512_bf16": "avx512_bf16", "arm_bf16": "bf16", "avx2": "avx2", "none": None}
 # the kinds whose frozen models run bf16 at speed without native bf16: the decode kernels' AVX2 path (cpu_linear.py)
 KERNEL_BF16_KINDS = ("avx2",)
+# ... for a model at least this large: halving the bytes pays where the weights stream from memory, not where they sit
+# in the cache (the tiny world's 8M-parameter verifier, 32 MB in fp32, and the micro world's stay fp32 there)
+KERNEL_BF16_MIN_PARAMS = 20_000_000
 AVX2_FLAGS = ("avx2", "fma")  # what makes an avx2 CPU: both, as the AVX2 kernels need
 CPU_KIND_ENV = "STREAKLINE_CPU_KIND"  # set: the CPU kind, instead of the one the flags say
 # The stages that apply ``precision`` and the roles they run with it. stage=distill applies it as mixed precision
@@ -166,14 +170,20 @@ def check(setting: str) -> None:
 
 
 def resolve(
-    setting: str, device: str | torch.device = "cpu", hardware: Hardware | None = None, frozen: bool = False
+    setting: str,
+    device: str | torch.device = "cpu",
+    hardware: Hardware | None = None,
+    frozen: bool = False,
+    params: int | None = None,
 ) -> str:
     """``fp32`` or ``bf16`` for ``setting`` on ``device``: ``auto`` is bf16 exactly where it is native, and for a
     ``frozen`` model (one that samples or scores, never trains) on an ``avx2`` CPU too, where the decode kernels make
-    bf16 the faster precision. A forced ``bf16`` where it is neither is honoured with a warning (slower than fp32)."""
+    bf16 the faster precision, unless the model is known (``params``) to be under ``KERNEL_BF16_MIN_PARAMS``. A
+    forced ``bf16`` where it is neither is honoured with a warning (slower than fp32)."""
     check(setting)
     hw = hardware or detect(device)
-    fast = hw.native_bf16 or (frozen and hw.cpu_kind in KERNEL_BF16_KINDS)
+    big = params is None or params >= KERNEL_BF16_MIN_PARAMS
+    fast = hw.native_bf16 or (frozen and big and hw.cpu_kind in KERNEL_BF16_KINDS)
     if setting == "auto":
         return "bf16" if fast else "fp32"
     if setting == "bf16" and not fast:
@@ -198,11 +208,14 @@ def precision_name(dtype: torch.dtype) -> str:
     return NAMES[dtype]
 
 
-def model_dtype(setting: str, preset_dtype: str, device: str | torch.device = "cpu") -> torch.dtype:
+def model_dtype(
+    setting: str, preset_dtype: str, device: str | torch.device = "cpu", params: int | None = None
+) -> torch.dtype:
     """The dtype a frozen model of a preset whose own ``dtype`` is ``preset_dtype`` runs in under ``setting``: the
     resolved precision, except that ``auto`` never raises a preset's half-precision dtype to fp32 (a 70B preset in
-    bf16 stays bf16 on hardware without native bf16: fp32 would not fit). ``fp32`` and ``bf16`` are taken as said."""
-    resolved = resolve(setting, device, frozen=True)
+    bf16 stays bf16 on hardware without native bf16: fp32 would not fit). ``fp32`` and ``bf16`` are taken as said.
+    ``params``: the verifier's size where it is known (``resolve``), None for a checkpoint read from a folder."""
+    resolved = resolve(setting, device, frozen=True, params=params)
     if setting == "auto" and resolved == "fp32" and preset_dtype in ("bfloat16", "float16"):
         return {"bfloat16": torch.bfloat16, "float16": torch.float16}[preset_dtype]
     return torch_dtype(resolved)
@@ -227,13 +240,17 @@ def training_autocast(
 
 
 def report(
-    setting: str, device: str | torch.device = "cpu", trainer_precision: str = "fp32", autocast: str = "auto"
+    setting: str,
+    device: str | torch.device = "cpu",
+    trainer_precision: str = "fp32",
+    autocast: str = "auto",
+    params: int | None = None,
 ) -> dict[str, object]:
     """What ``stage=doctor`` prints: the hardware, the evidence, the CPU kind (and whether ``$STREAKLINE_CPU_KIND``
     set it), the setting, what it resolves to, and per stage that applies it the roles and the precision they run in
     (distill's from ``trainer.precision`` and ``trainer.autocast`` too)."""
     hw = detect(device)
-    resolved = resolve(setting, device, hw, frozen=True) if setting in CHOICES else None  # the frozen stages'
+    resolved = resolve(setting, device, hw, frozen=True, params=params) if setting in CHOICES else None  # frozen
     stages = {stage: {"roles": list(roles), "precision": resolved} for stage, roles in STAGE_PRECISION.items()}
     if trainer_precision != "fp32":  # DeepSpeed's own mixed precision: the weights themselves in half precision
         stages["distill"] = {"roles": ["drafter (DeepSpeed, trainer.precision)"], "precision": trainer_precision}
@@ -246,6 +263,7 @@ def report(
         "evidence": hw.evidence,
         "cpu_kind": hw.cpu_kind,
         "kernel_bf16": hw.cpu_kind in KERNEL_BF16_KINDS,  # frozen models in bf16 on the decode kernels, not natively
+        "small": params is not None and params < KERNEL_BF16_MIN_PARAMS,  # ... except a verifier this small
         "overridden": hw.overridden,
         "setting": setting,
         "resolved": resolved,

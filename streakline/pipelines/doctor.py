@@ -62,10 +62,12 @@ def precision_report(cfg: DictConfig) -> dict[str, Any]:
     (``models/precision.py``), on the device the stages would run on."""
     from streakline.models.precision import report
 
+    from .common.lookup import verifier_params
     from .common.roles import device
 
     t = cfg.trainer
-    return {**report(cfg.precision, device(), t.precision, t.autocast), "trainer": t.precision, "autocast": t.autocast}
+    found = report(cfg.precision, device(), t.precision, t.autocast, params=verifier_params(cfg))
+    return {**found, "trainer": t.precision, "autocast": t.autocast}
 
 
 def _cuda() -> tuple[bool, int]:
@@ -200,7 +202,12 @@ def format_report(report: dict[str, Any], model: str) -> str:
             if stage == "distill":  # what distill's line follows
                 trainer = f"trainer.precision={precision['trainer']} trainer.autocast={precision['autocast']}"
                 lines.append(f"  {'':<18} the trainer: {trainer}")
-        if precision.get("kernel_bf16") and precision["setting"] == "auto":
+        if precision.get("kernel_bf16") and precision.get("small") and precision["setting"] == "auto":
+            lines.append(
+                f"  {'':<18} fp32 kept: this verifier is under 20M parameters, its weights sit in the cache, so the "
+                "AVX2 decode kernels' bf16 gains nothing here (a larger model's frozen stages run bf16)"
+            )
+        elif precision.get("kernel_bf16") and precision["setting"] == "auto":
             lines.append(
                 f"  {'':<18} frozen models in bf16 on the AVX2 decode kernels (bf16 widened in registers: half the "
                 "bytes of fp32); training keeps fp32, bf16 would be emulated there; precision=fp32 keeps fp32"

@@ -139,10 +139,23 @@ def test_doctor_says_the_cpu_kind_was_overridden(kind, native, capsys, monkeypat
     report = run_stage(compose_config(["stage=doctor", "model=micro"])).metrics["precision"]
     printed = capsys.readouterr().out
     assert (report["cpu_kind"], report["overridden"], report["native_bf16"]) == (kind, True, native)
-    frozen = native or kind == "avx2"
-    assert report["resolved"] == ("bf16" if frozen else "fp32")
+    # the micro verifier (0.1M parameters) is under the avx2 kind's size rule: its frozen stages stay fp32 there
+    assert report["resolved"] == ("bf16" if native else "fp32")
     assert report["stages"]["decode"]["precision"] == report["resolved"]
     assert report["stages"]["distill"]["precision"] == ("bf16" if native else "fp32")  # training: native only
     assert f"cpu kind           {kind} (overridden by $STREAKLINE_CPU_KIND)" in printed
     assert ("fp32 kept: bf16 would be emulated here" in printed) is (kind == "none")
-    assert ("frozen models in bf16 on the AVX2 decode kernels" in printed) is (kind == "avx2")
+    assert ("fp32 kept: this verifier is under 20M parameters" in printed) is (kind == "avx2")
+
+
+def test_the_avx2_kinds_frozen_bf16_is_for_models_whose_weights_stream_from_memory(monkeypatch):
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "avx2")
+    big, small = precision.KERNEL_BF16_MIN_PARAMS, precision.KERNEL_BF16_MIN_PARAMS - 1
+    assert resolve("auto", "cpu", frozen=True, params=big) == "bf16"
+    assert resolve("auto", "cpu", frozen=True, params=None) == "bf16"  # a checkpoint folder's: not known small
+    assert resolve("auto", "cpu", frozen=True, params=small) == "fp32"
+    assert model_dtype("auto", "float32", "cpu", params=small) == torch.float32
+    report = precision.report("auto", "cpu", params=big)
+    assert report["resolved"] == "bf16" and not report["small"]
+    monkeypatch.setenv(precision.CPU_KIND_ENV, "amx")  # native: the size does not matter
+    assert resolve("auto", "cpu", frozen=True, params=small) == "bf16"

@@ -99,7 +99,20 @@ def frozen_dtype(cfg: DictConfig, role: str = "verifier") -> torch.dtype:
 
     from .roles import device
 
-    return model_dtype(cfg.get("precision", "auto"), str(cfg.model[role].get("dtype") or "float32"), device())
+    preset = str(cfg.model[role].get("dtype") or "float32")
+    return model_dtype(cfg.get("precision", "auto"), preset, device(), params=verifier_params(cfg))
+
+
+def verifier_params(cfg: DictConfig) -> int | None:
+    """The verifier's parameter count where its preset gives its shapes (an ``arch`` block: the tiny and micro worlds),
+    else None (a checkpoint folder's): what precision's size rule reads, for every role alike, so a drafter runs in
+    its verifier's precision."""
+    from streakline.models.builder import arch_config
+
+    preset = cfg.model.get("verifier")
+    if preset is None or preset.get("arch") is None:
+        return None
+    return arch_config(preset).num_parameters()
 
 
 def frozen_precision(cfg: DictConfig, role: str = "verifier") -> str:
