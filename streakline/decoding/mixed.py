@@ -249,25 +249,25 @@ class MixedDrafter:
             self.pooled[option].count(m, accepted)
             self.rows[b][option].count(m, accepted)
 
-    def rates(self, b: int, option: str, m: int) -> tuple[float, float]:
-        """``(tokens, cost)`` row ``b`` expects of ``option`` with ``m`` drafts."""
-        if option == "none":
-            return 1.0, self.costs.verify(0)
+    def _accept(self, b: int, option: str, m: int) -> list[float]:
+        """Row ``b``'s per-position acceptance of ``option`` over ``m`` drafts: its own counts over the pooled rate."""
         pooled = self.pooled[option]
         pooled.grow(m)
         row = self.rows[b][option]
         row.grow(m)
-        tokens = 1.0 + expected_accepted(row.rates(pooled.rates()), m)
+        return row.rates(pooled.rates())
+
+    def rates(self, b: int, option: str, m: int) -> tuple[float, float]:
+        """``(tokens, cost)`` row ``b`` expects of ``option`` with ``m`` drafts."""
+        if option == "none":
+            return 1.0, self.costs.verify(0)
+        tokens = 1.0 + expected_accepted(self._accept(b, option, m), m)
         cost = self.costs.verify(m) + (self.costs.draft() if option == "model" else 0.0)
         return tokens, cost
 
     def best_width(self, b: int, option: str, longest: int) -> tuple[int, float]:
         """``(m, tokens per cost)`` of row ``b``'s best width for ``option``, m from 1 to ``longest``."""
-        pooled = self.pooled[option]
-        pooled.grow(longest)
-        row = self.rows[b][option]
-        row.grow(longest)
-        rates = row.rates(pooled.rates())
+        rates = self._accept(b, option, longest)
         extra = self.costs.draft() if option == "model" else 0.0
         best, best_rate, tokens, streak = longest, -1.0, 1.0, 1.0
         for m in range(1, longest + 1):

@@ -37,25 +37,7 @@ MAX_QUERIES = 16  # queries a head: a decode step's or a verify window's; a pref
 MAX_HEAD = 256
 
 SOURCE = r"""
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-/* 16 fp32 -> 16 bf16, round to nearest, ties to even, NaNs kept quiet */
-static inline __m256i to_bf16(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    return _mm512_cvtepi32_epi16(r);
-}
-
-/* 16 bf16 -> 16 fp32 (exact) */
-static inline __m512 from_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
+/* after cpu_native.PRELUDE["avx512_bf16"]: to_bf16, from_bf16 */
 
 /* exp(x) for x <= 0: x = n ln2 + r, exp(r) by Cephes' expf polynomial, times 2^n (scalef) */
 static inline __m512 exp_ps(__m512 x) {
@@ -137,24 +119,12 @@ void decode_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
 
 
 SOURCE_AVX2 = r"""
-#include <immintrin.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
+/* after cpu_native.PRELUDE["avx2"]: round_half, from_bf16 */
 
-/* 8 fp32 -> 8 bf16 (in a 128-bit register), round to nearest, ties to even, NaNs kept quiet */
+/* 8 fp32 -> 8 bf16 in a 128-bit register */
 static inline __m128i to_bf16(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    r = _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    const __m256i r = round_half(v);
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-/* 8 bf16 -> 8 fp32 (exact) */
-static inline __m256 from_bf16(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 /* exp(x) for x <= 0: x = n ln2 + r, exp(r) by Cephes' expf polynomial, times 2^n (built in the exponent bits) */
@@ -250,23 +220,15 @@ void decode_attention(const uint16_t *q, const uint16_t *k, const uint16_t *v, c
 }
 """
 
-# the kernels by instruction set, best first: (name, source, the CPU flags it needs, the compiler's flags)
-KERNELS = (
-    ("avx512_bf16", SOURCE, {"avx512_bf16", "avx512bw", "avx512vl"}, cpu_native.AVX512_BF16),
-    ("avx2", SOURCE_AVX2, {"avx2", "fma"}, cpu_native.AVX2),
-)
+KERNELS = {"avx512_bf16": SOURCE, "avx2": SOURCE_AVX2}  # by instruction set, best first
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = None
-    for isa, source, needs, flags in KERNELS:
-        name = "decode_attention" if isa == "avx512_bf16" else f"decode_attention_{isa}"
-        lib = cpu_native.library(name, source, needs, flags)
-        if lib is not None:
-            break
-    if lib is None:
+    chosen = cpu_native.best("decode_attention", KERNELS)
+    if chosen is None:
         return None
+    lib = chosen[1]
     lib.decode_attention.restype = None
     lib.decode_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 20 + [ctypes.c_float, ctypes.c_int]
     return lib

@@ -54,19 +54,7 @@ MAX_ROWS = 16  # rows of x the AVX512-BF16 kernel takes (a decode step's, a veri
 ENV = cpu_native.ENV  # "auto" (default) | "torch"
 
 SOURCE = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
-
-/* 16 fp32 -> 16 bf16, round to nearest, ties to even, NaNs kept quiet (as torch rounds) */
-static inline __m256i to_bf16(__m512 v) {
-    const __m512i u = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    return _mm512_cvtepi32_epi16(r);
-}
+/* after cpu_native.PRELUDE["avx512_bf16"]: to_bf16, from_bf16 */
 
 /* One tile: rows m0 .. m0+MS-1 of x against the G groups of 16 outputs from g0. The packed weight holds, for
    group g and k-pair p, the 16 outputs' two weights (64 bytes: one register), so each fp32 lane sums its own output
@@ -142,21 +130,11 @@ void packed_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint1
 """
 
 SOURCE_AVX2 = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+/* after cpu_native.PRELUDE["avx2"]: round_half, from_bf16 */
 
-/* 16 fp32 (two registers) -> 16 bf16, round to nearest, ties to even, NaNs kept quiet (as torch rounds) */
-static inline __m256i round_half(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-    return _mm256_blendv_epi8(r, q, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-}
+/* 16 fp32 (two registers) -> 16 bf16 in order: packus interleaves 128-bit lanes ([lo0-3 hi0-3 | lo4-7 hi4-7]),
+   the permute puts them back */
 static inline __m256i to_bf16(__m256 lo, __m256 hi) {
-    /* packus interleaves 128-bit lanes: [lo0-3 hi0-3 | lo4-7 hi4-7]; the permute puts them back in order */
     return _mm256_permute4x64_epi64(_mm256_packus_epi32(round_half(lo), round_half(hi)), 0xd8);
 }
 
@@ -256,21 +234,13 @@ void packed_bf16(const uint16_t *x, const uint16_t *wp, const uint16_t *b, uint1
 use_reference = cpu_native.use_reference  # torch's ops inside the block, this kernel's and the others'
 
 
-# the kernels by instruction set, best first: (name, source, the CPU flags it needs, the compiler's flags)
-KERNELS = (
-    ("avx512_bf16", SOURCE, {"avx512_bf16", "avx512bw", "avx512vl"}, cpu_native.AVX512_BF16),
-    ("avx2", SOURCE_AVX2, {"avx2", "fma"}, cpu_native.AVX2),
-)
+KERNELS = {"avx512_bf16": SOURCE, "avx2": SOURCE_AVX2}  # by instruction set, best first
 
 
 @functools.cache
 def _chosen() -> tuple[str, ctypes.CDLL] | None:
     """The best kernel this CPU and toolchain run, by its instruction set's name, or None."""
-    for isa, source, needs, flags in KERNELS:
-        lib = cpu_native.library("packed_bf16" if isa == "avx512_bf16" else f"packed_bf16_{isa}", source, needs, flags)
-        if lib is not None:
-            return isa, lib
-    return None
+    return cpu_native.best("packed_bf16", KERNELS)
 
 
 def max_rows() -> int | None:

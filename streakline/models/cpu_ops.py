@@ -30,9 +30,7 @@ import torch
 from . import cpu_native
 
 SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
+/* after cpu_native.PRELUDE["avx2"] (its includes; these are scalar loops that gcc vectorises) */
 
 static inline float widen(uint16_t h) {
     const uint32_t u = (uint32_t)h << 16;
@@ -94,9 +92,10 @@ void rotary(const uint16_t *x, const uint16_t *c, const uint16_t *s, uint16_t *o
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = cpu_native.library("row_ops", SOURCE, needs={"avx2", "fma"}, isa=cpu_native.AVX2)
-    if lib is None:
+    chosen = cpu_native.best("row_ops", {"avx2": SOURCE})
+    if chosen is None:
         return None
+    lib = chosen[1]
     lib.rms_norm.restype = lib.rotary.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
     lib.rotary.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 12 + [ctypes.c_int]
